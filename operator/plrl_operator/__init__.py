@@ -1,0 +1,1 @@
+"""The Kubernetes side of plrl: the PipelineRLJob API, rendering, the kopf operator, the policy."""

@@ -1,0 +1,1 @@
+"""The plrl runtime: generators, trainers, their gRPC protocol, weight sync and engines."""
