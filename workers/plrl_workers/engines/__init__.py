@@ -1,0 +1,1 @@
+"""Generation and training engines behind small protocols; heavy imports stay inside adapters."""

@@ -1,0 +1,1 @@
+"""The RL objective: advantages, losses, sequence packing, one training step."""

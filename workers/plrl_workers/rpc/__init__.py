@@ -1,0 +1,1 @@
+"""gRPC protocol between generators and the coordinator (trainer rank 0)."""

@@ -1,0 +1,1 @@
+"""Built-in tasks, their reward functions and the built-in tiny model and tokenizer."""
