@@ -5,7 +5,7 @@ held-out problems out of training; prompts tokenise to BOS + one token per chara
 rewards score edge cases as documented and `score` refuses non-finite or non-numeric rewards;
 a user's `package.module:function` loads, and each way it can be wrong is reported naming
 `task.reward`; JSONL datasets load, reshuffle per epoch, and bad files name the file and line;
-`from_spec` resolves what a job file asks for.
+`from_spec` resolves what a job file asks for, and the demo job file is valid and fits its task.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import uuid
 import pytest
 from plrl_operator import spec
 from plrl_workers.models import tiny
-from plrl_workers.tasks import arith, base, jsonl, rewards
+from plrl_workers.tasks import arith, base, jsonl, reverse, rewards
 
 
 @pytest.mark.parametrize("name", sorted(base.BUILTIN_TASKS))
@@ -48,7 +48,7 @@ def test_arith_answers_are_correct_and_eval_problems_are_never_trained_on() -> N
 
 
 def test_reverse_answers_are_reversed() -> None:
-    for it in base.take(arith.ReverseTask(), seed=0, n=100):
+    for it in base.take(reverse.ReverseTask(), seed=0, n=100):
         digits = it.text.removeprefix("rev ").removesuffix("=")
         assert it.answer == digits[::-1] and 3 <= len(digits) <= 7
 
@@ -247,3 +247,17 @@ def test_from_spec_resolves_builtin_and_relative_jsonl(tmp_path: pathlib.Path) -
 def test_every_builtin_tasks_default_reward_loads() -> None:
     for name in base.BUILTIN_TASKS:
         rewards.load(base.builtin(name).default_reward)
+
+
+def test_demo_job_is_valid_and_its_task_and_reward_resolve() -> None:
+    root = pathlib.Path(__file__).resolve().parents[2]
+    job = spec.load_job(root / "examples" / "local-tiny.yaml")
+    assert job.spec.model.name == "builtin:tiny" and job.spec.model.warm_start_steps > 0
+    task = base.from_spec(job.spec.task, base_dir=root / "examples")
+    reward = rewards.load(job.spec.task.reward)
+    it = task.item(job.spec.task.seed, 0)
+    assert rewards.score(reward, it.text, it.answer, it.answer) == 1.0
+    # Every prompt plus a full-length completion fits the model length the job asks for.
+    longest = max(len(t.text) for t in base.take(task, job.spec.task.seed, 500))
+    assert job.spec.generation.max_model_len is not None
+    assert 1 + longest + job.spec.generation.max_new_tokens <= job.spec.generation.max_model_len

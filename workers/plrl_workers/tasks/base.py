@@ -4,7 +4,7 @@ A task maps `(seed, split, prompt_id)` to one `Item`: the rendered prompt text a
 answer. Being a pure function of the id (not of a stateful iterator) is what lets the coordinator
 re-lease a prompt after a generator dies and resume after a restart without replaying the stream.
 
-Neighbours: `tasks/arith.py` (the built-in tasks), `tasks/jsonl.py` (user datasets),
+Neighbours: `tasks/reverse.py`, `tasks/arith.py` (the built-in tasks), `tasks/jsonl.py` (user datasets),
 `tasks/rewards.py` (how completions are scored), `tasks/warm_start.py` (SFT on `Item.answer`),
 the coordinator (consumes `to_prompts`), `plrl_operator.spec.TaskSpec` (what a user writes).
 """
@@ -12,9 +12,11 @@ the coordinator (consumes `to_prompts`), `plrl_operator.spec.TaskSpec` (what a u
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import itertools
 import pathlib
+import random
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -62,8 +64,25 @@ class TaskError(ValueError):
 # builtin name -> "module:factory"; imported lazily so listing tasks stays cheap.
 BUILTIN_TASKS: dict[str, str] = {
     "arith": "plrl_workers.tasks.arith:ArithTask",
-    "reverse": "plrl_workers.tasks.arith:ReverseTask",
+    "reverse": "plrl_workers.tasks.reverse:ReverseTask",
 }
+
+# About this fraction of a builtin task's problem space is held out as its `eval` split.
+EVAL_FRACTION = 0.1
+
+
+def is_held_out(problem: str) -> bool:
+    """Whether a builtin problem belongs to the eval split: a property of the problem, not of a seed."""
+    digest = hashlib.sha256(problem.encode()).digest()
+    return int.from_bytes(digest[:4], "big") < EVAL_FRACTION * 2**32
+
+
+def item_rng(task_name: str, seed: int, split: Split, prompt_id: int) -> random.Random:
+    """The RNG that draws one builtin item: a function of its coordinates only (random access)."""
+    if prompt_id < 0:
+        raise ValueError(f"prompt_id must be >= 0, got {prompt_id}")
+    # A str seed is hashed with SHA-512 by `random`, so this is stable across processes and runs.
+    return random.Random(f"{task_name}:{seed}:{split}:{prompt_id}")
 
 
 def builtin(name: str) -> Task:

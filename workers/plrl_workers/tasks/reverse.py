@@ -1,0 +1,42 @@
+"""`builtin:reverse`, the demo's task: write a digit string backwards, e.g. `rev 40721=` -> `12704`.
+
+Why this task for `make demo`: it is a structural skill (attend to the mirrored position), so
+what REINFORCE learns on one prompt carries over to all of them, and `builtin:digit_match` gives
+per-position partial credit, a dense signal. A 100-step SFT warm start leaves the tiny model
+partially right (sampled reward about 0.4, exact about 3%), and RL then climbs steadily; see
+`bench/task_learnability.py` for the curves. Strings of 3-7 digits keep a sample at most 8
+decode steps (7 digits + EOS), so 2 CPU cores run hundreds of RL steps in minutes.
+
+Items are pure functions of `(seed, split, prompt_id)`; about 10% of the digit strings are held
+out as the `eval` split (`base.is_held_out`). Neighbours: `tasks/base.py`, `tasks/rewards.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from plrl_workers.tasks import base
+
+
+@dataclasses.dataclass(frozen=True)
+class ReverseTask:
+    """`rev <digits>=` -> the digits reversed; min_len..max_len digits, leading zeros allowed."""
+
+    min_len: int = 3
+    max_len: int = 7
+
+    @property
+    def name(self) -> str:
+        return "reverse"
+
+    @property
+    def default_reward(self) -> str:
+        return "builtin:digit_match"
+
+    def item(self, seed: int, prompt_id: int, split: base.Split = "train") -> base.Item:
+        rng = base.item_rng(self.name, seed, split, prompt_id)
+        while True:
+            n = rng.randint(self.min_len, self.max_len)
+            digits = "".join(rng.choice("0123456789") for _ in range(n))
+            if base.is_held_out(f"rev:{digits}") == (split == "eval"):
+                return base.Item(prompt_id=prompt_id, text=f"rev {digits}=", answer=digits[::-1])
