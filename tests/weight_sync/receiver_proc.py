@@ -1,9 +1,12 @@
 """A generator stand-in for the weight-sync tests: a real process that receives broadcasts.
 
-Reads one JSON command per stdin line, writes one JSON result per stdout line:
+Writes {"ready": true} once imported, then reads one JSON command per stdin line and writes one JSON
+result per stdout line:
   {"cmd": "update", "group": {...GroupInfo}, "ann": {...Announcement}}
-      -> {"version": v, "epoch": e, "digests": {name: sha256 of the tensor's bytes}}
-      or {"version": v, "aborted": true} when the sender aborted that version
+      -> {"version": v, "epoch": e, "names": [...], "digests": {name: sha256 of the tensor's bytes}}
+      or {"version": v, "epoch": e, "aborted": true} when the sender aborted that version
+  {"cmd": "pull", "target": "host:port", "token": t, "min_version": v}
+      -> {"version": v, "names": [...], "digests": {...}} pulled over gRPC from the coordinator
   {"cmd": "exit"} -> exits
 Run as a script (`python receiver_proc.py`), so it needs nothing from the test's process.
 """
@@ -24,10 +27,19 @@ def digest(t: torch.Tensor) -> str:
 
 def main() -> None:
     rx: receiver.WeightReceiver | None = None
+    print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         msg = json.loads(line)
         if msg["cmd"] == "exit":
             break
+        if msg["cmd"] == "pull":
+            from plrl_workers.rpc import client  # grpc only when needed: startup stays short
+
+            with client.CoordinatorClient(msg["target"], msg["token"]) as c:
+                pulled = c.pull_weights("peer", msg["min_version"])
+                got = {name: digest(t) for name, t in pulled.named_tensors}
+            print(json.dumps({"version": pulled.version, "names": list(got), "digests": got}), flush=True)
+            continue
         g = base.GroupInfo(**msg["group"])
         a = msg["ann"]
         ann = base.Announcement(
@@ -36,7 +48,7 @@ def main() -> None:
             params=tuple(base.ParamMeta(p["name"], p["dtype"], tuple(p["shape"])) for p in a["params"]),
             bucket_bytes=a["bucket_bytes"],
         )
-        if rx is None or rx.group.epoch != g.epoch:
+        if rx is None or rx.group != g:  # a new epoch (or a restarted trainer): a new group
             if rx is not None:
                 rx.close()
             rx = receiver.WeightReceiver(g, "cpu", timeout_s=60.0)

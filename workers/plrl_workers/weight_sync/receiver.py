@@ -1,8 +1,10 @@
 """Generator side of weight sync: join the trainer's broadcast group of one epoch and receive versions.
 
-One `WeightReceiver` per epoch. The generator gets `(GroupInfo, Announcement)` pairs from the
-coordinator's control stream (`rpc/client.py`); when the announcement's epoch differs from the
-receiver's, it closes the old receiver and makes a new one. `receive()` yields every parameter once,
+One `WeightReceiver` per group (epoch). The generator gets `(GroupInfo, Announcement)` pairs from
+the coordinator's control stream (`rpc/client.py`); when the GroupInfo differs from the receiver's,
+it closes the old receiver and makes a new one. If `receive()` fails midway (a peer died), the
+engine holds a mix of two versions: pull the full weights (`CoordinatorClient.pull_weights`) before
+decoding on. `receive()` yields every parameter once,
 in announcement order, as soon as its bucket has landed (the next bucket is already on the wire), so
 the engine can load weights while the rest is still arriving.
 
@@ -11,7 +13,7 @@ Usage (generator main loop; `engine.update_weights` is `engines.base.GenerationE
     rx = None
     for event in client.control(generator_id, engine.weight_version):
         if isinstance(event, coordinator.WeightUpdate):
-            if rx is None or rx.group.epoch != event.group.epoch:
+            if rx is None or rx.group != event.group:   # new epoch, or a restarted trainer
                 if rx is not None:
                     rx.close()
                 rx = receiver.WeightReceiver(event.group, device="cpu")

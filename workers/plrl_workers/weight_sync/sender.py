@@ -91,7 +91,9 @@ class WeightBroadcaster:
         self._join_timeout_s = join_timeout_s
         self._snapshots = snapshots
         self._store = groups.tcp_store(advertise_host, port, is_master=True, timeout_s=timeout_s)
-        self._epoch = 0
+        # Epoch numbers grow from the wall clock, so a restarted trainer never reuses one that
+        # generators still hold a group for.
+        self._epoch = time.time_ns() // 1_000_000
         self._members: tuple[str, ...] = ()
         self._pg: c10d.Backend | None = None
         self._stale_keys: list[tuple[c10d.Store, list[str]]] = []
@@ -205,12 +207,13 @@ class WeightBroadcaster:
         """Announce `ann`, wait for every member's ready key, then say go or abort. Returns the missing."""
         unreachable = [m for m in self._members if not announce(m, self.group_info(m), ann)]
         vstore = groups.version_store(groups.epoch_store(self._store, ann.epoch), ann.version)
-        ranks = [i + 1 for i, m in enumerate(self._members) if m not in unreachable]
-        timeout = 0.0 if unreachable else self._join_timeout_s
-        missing_ranks = groups.collect_ready(vstore, ranks, timeout)
-        missing = unreachable + [self._members[r - 1] for r in missing_ranks]
-        vstore.set("go", groups.GO_ABORT if missing else groups.GO_OK)
+        ranks = [i + 1 for i, m in enumerate(self._members)]
         self._stale_keys.append((vstore, ["go", *(f"ready/{r}" for r in ranks)]))
+        if unreachable:  # no point waiting: this epoch cannot complete
+            vstore.set("go", groups.GO_ABORT)
+            return unreachable
+        missing = [self._members[r - 1] for r in groups.collect_ready(vstore, ranks, self._join_timeout_s)]
+        vstore.set("go", groups.GO_ABORT if missing else groups.GO_OK)
         return missing
 
     def _send(
