@@ -18,7 +18,7 @@ import grpc
 import numpy
 import pytest
 import torch
-from plrl_workers import coordinator, types
+from plrl_workers import coordinator, coordinator_control, types
 from plrl_workers.coordinator import Code
 from plrl_workers.rpc import client, convert, server
 from plrl_workers.rpc.generated import plrl_pb2 as pb
@@ -184,7 +184,7 @@ def test_control_stream_delivers_announcements_pulls_and_stop(
     cli: client.CoordinatorClient, coord: coordinator.Coordinator
 ) -> None:
     cli.register("gen-0")
-    events: list[coordinator.ControlEvent] = []
+    events: list[coordinator_control.ControlEvent] = []
     stream = cli.control("gen-0")
     reader = threading.Thread(target=lambda: events.extend(stream))
     reader.start()
@@ -201,9 +201,9 @@ def test_control_stream_delivers_announcements_pulls_and_stop(
     coord.stop("finished")
     reader.join(timeout=10)
     assert events == [
-        coordinator.WeightUpdate(group, ann),
-        coordinator.PullWeights(2),
-        coordinator.Stop("finished"),
+        coordinator_control.WeightUpdate(group, ann),
+        coordinator_control.PullWeights(2),
+        coordinator_control.Stop("finished"),
     ]
 
 

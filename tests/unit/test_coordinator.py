@@ -21,7 +21,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pydantic
 import pytest
-from plrl_workers import coordinator, coordinator_state, types
+from plrl_workers import coordinator, coordinator_control, coordinator_state, types
 from plrl_workers.coordinator import Code
 from plrl_workers.weight_sync import base
 
@@ -300,7 +300,7 @@ def test_stop_ends_leasing_and_wakes_the_trainer() -> None:
     c = make(n=5)
     channel = c.attach_control("a")
     c.stop("done")
-    assert channel.get(timeout=1) == coordinator.Stop("done")
+    assert channel.get(timeout=1) == coordinator_control.Stop("done")
     assert c.lease("a", 3) == coordinator.LeaseBatch([], True)
     start = time.monotonic()
     assert c.take(4, timeout_s=30) == []
@@ -317,8 +317,8 @@ def test_control_channels_carry_weight_announcements_to_members_only() -> None:
     assert c.weight_members() == ["a"]
     assert c.announce_weights("a", group, ann)
     assert c.request_pull("a", 3)
-    assert channel.get(timeout=1) == coordinator.WeightUpdate(group, ann)
-    assert channel.get(timeout=1) == coordinator.PullWeights(3)
+    assert channel.get(timeout=1) == coordinator_control.WeightUpdate(group, ann)
+    assert channel.get(timeout=1) == coordinator_control.PullWeights(3)
     newer = c.attach_control("a")
     assert channel.get(timeout=1) is None  # the older stream is told to end
     c.detach_control("a", channel)  # a late detach of the old stream leaves the new one alone

@@ -19,8 +19,8 @@ group later. Blocking first keeps the common case (a short stall) free of retrie
 stalled trainer from pinning generator threads forever.
 
 No grpc, no torch: `rpc/server.py` maps these calls to RPCs; `coordinator_checks.py` validates
-rollouts; `coordinator_state.py` is the restart record. Control events for generators (weight
-updates, pull requests, stop) are queued per generator and drained by the server's control stream.
+rollouts; `coordinator_state.py` is the restart record; `coordinator_control.py` queues control
+events for generators (weight updates, pull requests, stop), drained by the server's control stream.
 
 Usage (trainer rank 0):
 
@@ -41,13 +41,12 @@ import dataclasses
 import heapq
 import itertools
 import logging
-import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 
-from plrl_workers import coordinator_checks, coordinator_state, types
+from plrl_workers import coordinator_checks, coordinator_control, coordinator_state, types
 from plrl_workers.coordinator_checks import Code
 from plrl_workers.weight_sync import base
 
@@ -107,29 +106,6 @@ class Registration:
     samples_per_prompt: int
     lease_timeout_s: float
     session: str
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightUpdate:
-    """Control event: join `group` (if its epoch is new to you) and receive `announcement`."""
-
-    group: base.GroupInfo
-    announcement: base.Announcement
-
-
-@dataclasses.dataclass(frozen=True)
-class PullWeights:
-    """Control event: you missed versions; pull the full weights (at least `version`) over gRPC."""
-
-    version: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Stop:
-    reason: str
-
-
-ControlEvent = WeightUpdate | PullWeights | Stop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +192,7 @@ class Coordinator:
         self._buffer: collections.deque[types.RolloutGroup] = collections.deque()
         self._in_training: list[types.RolloutGroup] = []
         self._generators: dict[str, set[str]] = {}  # generator id -> its lease ids
-        self._channels: dict[str, queue.SimpleQueue[ControlEvent | None]] = {}
+        self._control = coordinator_control.ControlHub()
         self._expired = self._revoked = 0
         self._refused: collections.Counter[str] = collections.Counter()
         if state is not None:
@@ -243,9 +219,7 @@ class Coordinator:
             if generator_id in self._generators:
                 self._revoke_locked(generator_id, reason)
                 del self._generators[generator_id]
-            channel = self._channels.pop(generator_id, None)
-            if channel is not None:
-                channel.put(None)
+        self._control.close(generator_id)
 
     def _revoke_locked(self, generator_id: str, reason: str) -> None:
         lease_ids = self._generators.get(generator_id, set())
@@ -336,8 +310,12 @@ class Coordinator:
 
     # ---- rollouts --------------------------------------------------------------------------
 
-    def submit(self, group: types.RolloutGroup) -> SubmitResult:
-        """Validate and buffer one group; blocks up to `Config.submit_wait_s` while the buffer is full."""
+    def submit(self, group: types.RolloutGroup, *, tokens_checked: bool = False) -> SubmitResult:
+        """Validate and buffer one group; blocks up to `Config.submit_wait_s` while the buffer is full.
+
+        `tokens_checked`: the caller already ran `coordinator_checks.check_sample_arrays` on every
+        sample (the RPC server does, vectorised), so the per-token checks are skipped here.
+        """
         with self._cond:
             self._expire_locked()
             lease = self._leases.get(group.lease_id)
@@ -350,6 +328,7 @@ class Coordinator:
                 samples_per_prompt=self.config.samples_per_prompt,
                 current_version=version,
                 vocab_size=self.config.vocab_size,
+                tokens_checked=tokens_checked,
             )
         if refusal is not None:
             return self.refuse(group.lease_id, group.generator_id, *refusal)
@@ -486,52 +465,33 @@ class Coordinator:
         """Refuse new leases and submits, wake every waiter, and send Stop on every control stream."""
         with self._cond:
             self._stopping = True
-            for channel in self._channels.values():
-                channel.put(Stop(reason))
             self._cond.notify_all()
+        self._control.stop_all(reason)
 
     # ---- control streams -------------------------------------------------------------------
 
-    def attach_control(self, generator_id: str) -> queue.SimpleQueue[ControlEvent | None]:
+    def attach_control(self, generator_id: str) -> coordinator_control.Channel:
         """Open `generator_id`'s control channel (replacing an older one, which gets None = closed)."""
         with self._cond:
             if generator_id not in self._generators:
                 raise Refused(Code.FAILED_PRECONDITION, f"generator {generator_id!r} is not registered")
-            old = self._channels.get(generator_id)
-            if old is not None:
-                old.put(None)
-            channel: queue.SimpleQueue[ControlEvent | None] = queue.SimpleQueue()
-            if self._stopping:
-                channel.put(Stop("job stopping"))
-            self._channels[generator_id] = channel
-            return channel
+        return self._control.attach(generator_id)
 
-    def detach_control(self, generator_id: str, channel: queue.SimpleQueue[ControlEvent | None]) -> None:
-        with self._cond:
-            if self._channels.get(generator_id) is channel:
-                del self._channels[generator_id]
+    def detach_control(self, generator_id: str, channel: coordinator_control.Channel) -> None:
+        self._control.detach(generator_id, channel)
 
     def weight_members(self) -> list[str]:
         """Generators that can take part in a weight broadcast now (those with an open control stream)."""
-        with self._cond:
-            return list(self._channels)
+        return self._control.members()
 
     def announce_weights(
         self, generator_id: str, group: base.GroupInfo, announcement: base.Announcement
     ) -> bool:
         """`sender.Announce` callback: queue a WeightUpdate; False if the generator has no control stream."""
-        return self._send(generator_id, WeightUpdate(group, announcement))
+        return self._control.send(generator_id, coordinator_control.WeightUpdate(group, announcement))
 
     def request_pull(self, generator_id: str, version: int) -> bool:
-        return self._send(generator_id, PullWeights(version))
-
-    def _send(self, generator_id: str, event: ControlEvent) -> bool:
-        with self._cond:
-            channel = self._channels.get(generator_id)
-            if channel is None:
-                return False
-            channel.put(event)
-            return True
+        return self._control.send(generator_id, coordinator_control.PullWeights(version))
 
     # ---- reporting and restart -------------------------------------------------------------
 
@@ -554,7 +514,7 @@ class Coordinator:
                 weight_version=self._version,
                 buffer_capacity=self.config.buffer_groups,
                 generators=len(self._generators),
-                control_streams=len(self._channels),
+                control_streams=len(self._control.members()),
                 leases_expired=self._expired,
                 leases_revoked=self._revoked,
                 refused=dict(self._refused),

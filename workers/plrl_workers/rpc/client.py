@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 import torch
 
-from plrl_workers import coordinator, types
+from plrl_workers import coordinator, coordinator_control, types
 from plrl_workers.rpc import auth, convert
 from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
@@ -52,7 +52,7 @@ class ControlStream:
     def __init__(self, call: Any) -> None:
         self._call = call
 
-    def __iter__(self) -> Iterator[coordinator.ControlEvent]:
+    def __iter__(self) -> Iterator[coordinator_control.ControlEvent]:
         for message in self._call:
             yield convert.control_from_pb(message)
 

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy
+import numpy.typing as npt
 
-from plrl_workers import coordinator, types
+from plrl_workers import coordinator, coordinator_control, types
 from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.weight_sync import base
 
@@ -25,25 +26,32 @@ Message = Any  # generated protobuf classes are untyped here (see pyproject's my
 
 
 def pack_i32(values: Sequence[int]) -> bytes:
-    return numpy.asarray(values, dtype=I32).tobytes()
+    return numpy.fromiter(values, dtype=I32, count=len(values)).tobytes()
 
 
 def pack_f32(values: Sequence[float]) -> bytes:
     return numpy.asarray(values, dtype=F32).tobytes()
 
 
-def unpack_i32(data: bytes, what: str) -> list[int]:
+def view_i32(data: bytes, what: str) -> npt.NDArray[numpy.int32]:
+    """A zero-copy read-only view of packed int32s."""
     if len(data) % 4:
         raise ValueError(f"{what}: {len(data)} bytes is not a whole number of int32")
-    result: list[int] = numpy.frombuffer(data, dtype=I32).tolist()
-    return result
+    return numpy.frombuffer(data, dtype=I32)
 
 
-def unpack_f32(data: bytes, what: str) -> list[float]:
+def view_f32(data: bytes, what: str) -> npt.NDArray[numpy.float32]:
     if len(data) % 4:
         raise ValueError(f"{what}: {len(data)} bytes is not a whole number of float32")
-    result: list[float] = numpy.frombuffer(data, dtype=F32).tolist()
+    return numpy.frombuffer(data, dtype=F32)
+
+
+def unpack_i32(data: bytes, what: str) -> list[int]:
+    result: list[int] = view_i32(data, what).tolist()
     return result
+
+
+SampleArrays = tuple[npt.NDArray[numpy.int32], npt.NDArray[numpy.float32], npt.NDArray[numpy.int32]]
 
 
 # ---- prompts and leases ------------------------------------------------------------------------
@@ -100,7 +108,22 @@ def group_to_pb(g: types.RolloutGroup) -> Message:
     )
 
 
-def group_from_pb(m: Message) -> types.RolloutGroup:
+def sample_arrays(m: Message) -> list[SampleArrays]:
+    """Zero-copy (token_ids, logprobs, versions) views of every sample of a RolloutGroup message."""
+    return [
+        (
+            view_i32(s.token_ids, f"samples[{i}].token_ids"),
+            view_f32(s.logprobs, f"samples[{i}].logprobs"),
+            view_i32(s.versions, f"samples[{i}].versions"),
+        )
+        for i, s in enumerate(m.samples)
+    ]
+
+
+def group_from_pb(m: Message, arrays: list[SampleArrays] | None = None) -> types.RolloutGroup:
+    """Decode a RolloutGroup message (`arrays`: its `sample_arrays`, if already computed)."""
+    if arrays is None:
+        arrays = sample_arrays(m)
     return types.RolloutGroup(
         lease_id=m.lease_id,
         prompt_id=m.prompt_id,
@@ -108,13 +131,13 @@ def group_from_pb(m: Message) -> types.RolloutGroup:
         generator_id=m.generator_id,
         samples=[
             types.Sample(
-                token_ids=unpack_i32(s.token_ids, f"samples[{i}].token_ids"),
-                logprobs=unpack_f32(s.logprobs, f"samples[{i}].logprobs"),
-                versions=unpack_i32(s.versions, f"samples[{i}].versions"),
+                token_ids=tokens.tolist(),
+                logprobs=logprobs.tolist(),
+                versions=versions.tolist(),
                 reward=s.reward,
                 finish_reason=s.finish_reason,
             )
-            for i, s in enumerate(m.samples)
+            for s, (tokens, logprobs, versions) in zip(m.samples, arrays, strict=True)
         ],
     )
 
@@ -150,8 +173,8 @@ def group_info_from_pb(m: Message) -> base.GroupInfo:
     )
 
 
-def control_to_pb(e: coordinator.ControlEvent) -> Message:
-    if isinstance(e, coordinator.WeightUpdate):
+def control_to_pb(e: coordinator_control.ControlEvent) -> Message:
+    if isinstance(e, coordinator_control.WeightUpdate):
         a = e.announcement
         return pb.ControlMessage(
             weight_update=pb.WeightUpdate(
@@ -162,12 +185,12 @@ def control_to_pb(e: coordinator.ControlEvent) -> Message:
                 group=group_info_to_pb(e.group),
             )
         )
-    if isinstance(e, coordinator.PullWeights):
+    if isinstance(e, coordinator_control.PullWeights):
         return pb.ControlMessage(pull=pb.PullHint(version=e.version))
     return pb.ControlMessage(stop=pb.StopRequest(reason=e.reason))
 
 
-def control_from_pb(m: Message) -> coordinator.ControlEvent:
+def control_from_pb(m: Message) -> coordinator_control.ControlEvent:
     kind = m.WhichOneof("event")
     if kind == "weight_update":
         w = m.weight_update
@@ -177,11 +200,11 @@ def control_from_pb(m: Message) -> coordinator.ControlEvent:
             params=tuple(param_from_pb(p) for p in w.params),
             bucket_bytes=w.bucket_bytes,
         )
-        return coordinator.WeightUpdate(group=group_info_from_pb(w.group), announcement=ann)
+        return coordinator_control.WeightUpdate(group=group_info_from_pb(w.group), announcement=ann)
     if kind == "pull":
-        return coordinator.PullWeights(version=m.pull.version)
+        return coordinator_control.PullWeights(version=m.pull.version)
     if kind == "stop":
-        return coordinator.Stop(reason=m.stop.reason)
+        return coordinator_control.Stop(reason=m.stop.reason)
     raise ValueError(f"control message without a known event (got {kind!r})")
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from plrl_workers import coordinator
+from plrl_workers import coordinator, coordinator_checks, coordinator_control
 from plrl_workers.rpc import auth, convert
 from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
@@ -85,15 +85,22 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
 
     def SubmitRollouts(self, request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
         for m in request_iterator:
-            try:
-                group = convert.group_from_pb(m)
-            except ValueError as exc:
-                result = self._coord.refuse(
-                    m.lease_id, m.generator_id, coordinator.Code.INVALID_ARGUMENT, str(exc)
-                )
-            else:
-                result = self._coord.submit(group)
-            yield convert.ack_to_pb(result)
+            yield convert.ack_to_pb(self._submit_one(m))
+
+    def _submit_one(self, m: Any) -> coordinator.SubmitResult:
+        """Per-token checks on the packed arrays (numpy, zero-copy), then the lists for the coordinator."""
+        try:
+            arrays = convert.sample_arrays(m)
+        except ValueError as exc:
+            return self._coord.refuse(m.lease_id, m.generator_id, coordinator.Code.INVALID_ARGUMENT, str(exc))
+        version = self._coord.weight_version
+        for i, (tokens, logprobs, versions) in enumerate(arrays):
+            problem = coordinator_checks.check_sample_arrays(
+                tokens, logprobs, versions, current_version=version, vocab_size=self._coord.config.vocab_size
+            )
+            if problem is not None:
+                return self._coord.refuse(m.lease_id, m.generator_id, problem[0], f"sample {i}: {problem[1]}")
+        return self._coord.submit(convert.group_from_pb(m, arrays), tokens_checked=True)
 
     def Control(self, request: Any, context: Any) -> Iterator[Any]:
         try:
@@ -109,7 +116,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
                 if event is None:  # replaced by a newer stream, or the generator was declared dead
                     return
                 yield convert.control_to_pb(event)
-                if isinstance(event, coordinator.Stop):
+                if isinstance(event, coordinator_control.Stop):
                     return
         finally:
             self._coord.detach_control(request.generator_id, channel)

@@ -12,7 +12,7 @@ Usage (generator main loop; `engine.update_weights` is `engines.base.GenerationE
 
     rx = None
     for event in client.control(generator_id, engine.weight_version):
-        if isinstance(event, coordinator.WeightUpdate):
+        if isinstance(event, coordinator_control.WeightUpdate):
             if rx is None or rx.group != event.group:   # new epoch, or a restarted trainer
                 if rx is not None:
                     rx.close()

@@ -36,7 +36,7 @@ from plrl_workers.weight_sync import base, buckets, groups, packing, snapshot
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUCKET_BYTES = 32 << 20
+DEFAULT_BUCKET_BYTES = 16 << 20  # small enough to overlap packing with sending (bench/weight_broadcast.py)
 MAX_IN_FLIGHT = 2  # buckets on the wire while the next one is packed
 
 # Deliver one member's announcement; False if that member cannot be reached (it is then left out).
@@ -67,6 +67,9 @@ class WeightBroadcaster:
         timeout_s: collective timeout; a peer that dies mid-transfer fails the version after this.
         join_timeout_s: how long each version waits for every member's ready key.
         snapshots: if given, every version is published there (CPU copy) for the pull path.
+        skip_missing_for: a member that failed to join is left out of this many following
+            broadcasts (reported in `missed` each time, so it can pull), so one broken generator
+            does not cost every version a join timeout.
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class WeightBroadcaster:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         timeout_s: float = 120.0,
         join_timeout_s: float = 30.0,
+        skip_missing_for: int = 10,
         snapshots: snapshot.SnapshotStore | None = None,
     ) -> None:
         if backend not in base.BACKENDS:
@@ -97,6 +101,9 @@ class WeightBroadcaster:
         self._members: tuple[str, ...] = ()
         self._pg: c10d.Backend | None = None
         self._stale_keys: list[tuple[c10d.Store, list[str]]] = []
+        self._skip_missing_for = skip_missing_for
+        self._calls = 0
+        self._skip_until: dict[str, int] = {}  # member -> first call that may include it again
 
     @property
     def port(self) -> int:
@@ -143,8 +150,9 @@ class WeightBroadcaster:
             tensors.append(tensor)
         params = tuple(packing.meta_of(n, t) for n, t in zip(names, tensors, strict=True))
         layout = buckets.plan(params, self._bucket_bytes)
-        wanted = tuple(dict.fromkeys(members))
-        missed: list[str] = []
+        self._calls += 1
+        wanted = tuple(m for m in dict.fromkeys(members) if self._skip_until.get(m, 0) <= self._calls)
+        missed: list[str] = [m for m in dict.fromkeys(members) if m not in wanted]
         delivered: tuple[str, ...] = ()
         bufs: list[torch.Tensor] | None = None
         if wanted != self._members or self._pg is None:
@@ -154,6 +162,8 @@ class WeightBroadcaster:
             missing = self._handshake(ann, announce)
             if missing:
                 missed.extend(missing)
+                for m in missing:
+                    self._skip_until[m] = self._calls + self._skip_missing_for + 1
                 log.warning(
                     "weight v%d: %s missing from epoch %d; retrying without", version, missing, ann.epoch
                 )
