@@ -4,8 +4,9 @@ Cases: a call without or with a wrong token is refused (UNAUTHENTICATED), logged
 and streaming RPCs; malformed rollout groups (bad lengths, NaN, unknown lease, undecodable bytes,
 future versions) are each refused with their status inside one stream, which keeps going, and the
 server keeps serving; lease -> submit -> take returns exactly what was sent; backpressure reaches the
-generator as RESOURCE_EXHAUSTED; the control stream delivers weight announcements, pull hints and
-stop; the full-weights pull is bit-exact and refuses versions it does not have.
+generator as RESOURCE_EXHAUSTED, and `RolloutStream` re-sends until every group is in; the control
+stream delivers weight announcements, pull hints and stop; the full-weights pull is bit-exact and
+refuses versions it does not have.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import torch
 from plrl_workers import coordinator, coordinator_control, types
 from plrl_workers.coordinator import Code
-from plrl_workers.rpc import client, convert, server
+from plrl_workers.rpc import client, convert, rollout_stream, server
 from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
 from plrl_workers.weight_sync import base, snapshot
@@ -229,3 +230,28 @@ def test_pull_weights_is_bit_exact_and_refuses_missing_versions(
     with pytest.raises(grpc.RpcError) as err:
         cli.pull_weights("gen-0", 5)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_rollout_stream_resends_on_backpressure_until_every_group_is_in(
+    cli: client.CoordinatorClient, coord: coordinator.Coordinator
+) -> None:
+    cli.register("gen-0")
+    leases = cli.lease_prompts("gen-0", 8).leases
+    outcomes: list[coordinator.SubmitResult] = []
+    stream = rollout_stream.RolloutStream(cli, on_result=outcomes.append, retry_delay_s=0.05)
+    for lease in leases:
+        stream.put(group_for(lease))
+    stray = group_for(leases[0])
+    stray.lease_id = "not-a-lease"
+    stream.put(stray)
+    taken: list[types.RolloutGroup] = []
+    while len(taken) < 8:  # a slow trainer: the buffer (4 groups) fills and submits are refused for a while
+        taken += coord.take(2, timeout_s=10)
+        threading.Event().wait(0.3)
+    stream.close(timeout_s=30)
+    assert stream.error is None and stream.in_flight() == 0
+    assert sorted(g.lease_id for g in taken) == sorted(x.lease_id for x in leases)
+    assert sorted((r.lease_id, r.code) for r in outcomes) == sorted(
+        [(x.lease_id, Code.OK) for x in leases] + [("not-a-lease", Code.NOT_FOUND)]
+    )
+    assert coord.stats().refused.get("RESOURCE_EXHAUSTED", 0) > 0  # backpressure did happen

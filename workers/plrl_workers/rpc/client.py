@@ -14,9 +14,8 @@ Usage (generator main loop, sketched):
     control = c.control("gen-0")          # iterate in a thread: WeightUpdate / PullWeights / Stop
     batch = c.lease_prompts("gen-0", max_prompts=4, wait_s=1.0)
     ... generate G samples per lease ...
-    for result in c.submit_rollouts(iter(groups)):   # or c.submit(groups) for a list
-        if result.code is coordinator.Code.RESOURCE_EXHAUSTED:
-            ... back off and re-send that group ...
+    results = c.submit(groups)            # one result per group; or, for a long-lived stream that
+                                          # re-sends on RESOURCE_EXHAUSTED: rpc/rollout_stream.py
 """
 
 from __future__ import annotations
