@@ -224,6 +224,22 @@ def test_full_buffer_refuses_after_the_wait_and_the_group_can_be_sent_again() ->
     assert_balanced(c)
 
 
+def test_two_racing_submits_of_one_lease_accept_it_once() -> None:
+    c = make(n=3, buffer_groups=1, submit_wait_s=10.0)
+    first, second = c.lease("a", 2).leases
+    assert c.submit(group_for(first)).ok  # the buffer is now full: both racers wait
+    results: list[coordinator.SubmitResult] = []
+    racers = [threading.Thread(target=lambda: results.append(c.submit(group_for(second)))) for _ in range(2)]
+    for t in racers:
+        t.start()
+    time.sleep(0.2)
+    c.take(1, timeout_s=1)
+    for t in racers:
+        t.join(timeout=5)
+    assert sorted(r.code for r in results) == [Code.OK, Code.ALREADY_EXISTS]
+    assert_balanced(c)
+
+
 def test_groups_older_than_max_lag_are_dropped_and_counted() -> None:
     c = make(n=2, max_lag=1)
     old, new = c.lease("a", 2).leases

@@ -207,6 +207,7 @@ class Coordinator:
         with self._cond:
             if generator_id in self._generators:
                 self._revoke_locked(generator_id, "re-registered (replaced)")
+                self._control.close(generator_id)  # the old process's stream, if still open
             self._generators[generator_id] = set()
             log.info("generator %s registered", generator_id)
             return Registration(
@@ -336,7 +337,11 @@ class Coordinator:
         end = time.monotonic() + self.config.submit_wait_s
         with self._cond:
             self._renew_locked(lease)
-            while len(self._buffer) >= self.config.buffer_groups and not self._stopping:
+            while (
+                len(self._buffer) >= self.config.buffer_groups
+                and not self._stopping
+                and self._leases.get(group.lease_id) is lease  # else settled below
+            ):
                 remaining = end - time.monotonic()
                 if remaining <= 0:
                     return self.refuse(
@@ -346,13 +351,14 @@ class Coordinator:
                         "rollout buffer full; retry later",
                     )
                 self._cond.wait(remaining)
-            if self._leases.get(group.lease_id) is not lease:
-                return self.refuse(
-                    group.lease_id,
-                    group.generator_id,
+            self._expire_locked()
+            current = self._leases.get(group.lease_id)
+            if current is not lease:  # accepted (a duplicate raced us) or re-queued while we waited
+                code, reason = self._lease_refusal_locked(group, current) or (
                     Code.FAILED_PRECONDITION,
                     "lease was re-queued while waiting",
                 )
+                return self.refuse(group.lease_id, group.generator_id, code, reason)
             if self._stopping:
                 return self.refuse(
                     group.lease_id, group.generator_id, Code.UNAVAILABLE, "coordinator is stopping"
