@@ -155,7 +155,7 @@ class WeightBroadcaster:
         missed: list[str] = [m for m in dict.fromkeys(members) if m not in wanted]
         delivered: tuple[str, ...] = ()
         bufs: list[torch.Tensor] | None = None
-        if wanted != self._members or self._pg is None:
+        if wanted != self._members or (wanted and self._pg is None):
             self._new_epoch(wanted)
         while self._members:
             ann = base.Announcement(version, self._epoch, params, self._bucket_bytes)
