@@ -8,7 +8,8 @@ result per stdout line:
   {"cmd": "pull", "target": "host:port", "token": t, "min_version": v}
       -> {"version": v, "names": [...], "digests": {...}} pulled over gRPC from the coordinator
   {"cmd": "exit"} -> exits
-Run as a script (`python receiver_proc.py`), so it needs nothing from the test's process.
+Run as a script (`python receiver_proc.py [DEVICE]`, DEVICE "cpu" by default or e.g. "cuda:1" for
+nccl), so it needs nothing from the test's process.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from plrl_workers.weight_sync import base, groups, receiver
 
 
 def digest(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+    return hashlib.sha256(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def main() -> None:
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
     rx: receiver.WeightReceiver | None = None
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -51,7 +55,7 @@ def main() -> None:
         if rx is None or rx.group != g:  # a new epoch (or a restarted trainer): a new group
             if rx is not None:
                 rx.close()
-            rx = receiver.WeightReceiver(g, "cpu", timeout_s=60.0)
+            rx = receiver.WeightReceiver(g, device, timeout_s=60.0)
         try:
             out = {name: digest(t) for name, t in rx.receive(ann)}
             result: dict[str, object] = {

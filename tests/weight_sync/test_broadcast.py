@@ -36,9 +36,9 @@ TIMEOUT_S = 120.0
 class Peer:
     """A receiver process; `send` writes a command, `read` waits for its next JSON line."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(PROC)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, str(PROC), device], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
         self._lines: queue.Queue[str] = queue.Queue()
         self._pump_thread = threading.Thread(target=self._pump, daemon=True)
@@ -219,3 +219,23 @@ def test_a_member_that_missed_versions_pulls_them_over_grpc(peers: dict[str, Pee
     finally:
         srv.stop(0)
         bc.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
+)
+def test_nccl_broadcast_is_bit_exact() -> None:
+    (peer,) = [Peer("cuda:1")]
+    assert peer.read() == {"ready": True}
+    torch.cuda.set_device(0)
+    bc = sender.WeightBroadcaster(advertise_host="127.0.0.1", backend="nccl", device="cuda:0")
+    try:
+        for version in (1, 2):
+            named = {n: t.cuda() for n, t in weights(version).items()}
+            report = bc.broadcast(version, named.items(), ["g"], lambda m, g, a: peer.announce(m, g, a))
+            assert report.delivered == ("g",)
+            expect_exact(peer.read(), version, {n: t.cpu() for n, t in named.items()})
+    finally:
+        bc.close()
+        peer.close()
