@@ -9,8 +9,8 @@ moment both receivers report that they hold every tensor:
               the receivers `WeightReceiver.receive` yielding every named tensor
 
 It also prints the pause a generator sees per update (time inside `receive()`, median over rounds
-and receivers) and the ratio plrl/raw per bucket size. Goal (issue 2): within 1.3x of raw for a
-~50 MB model.
+and receivers) and the ratio plrl/raw per bucket size; in the last row the receivers reuse their
+buffers (`reuse_buffers=True`). Goal (issue 2): within 1.3x of raw for a ~50 MB model.
 
     .venv/bin/python bench/weight_broadcast.py [--mb 50] [--rounds 5] [--buckets-mb 8,16,32,64]
 """
@@ -39,11 +39,11 @@ def _receiver(conn: Any, threads: int) -> None:
         if kind == "exit":
             break
         if kind == "ours":
-            _, group, ann = msg
+            _, group, ann, reuse = msg
             if rx is None or rx.group != group:
                 if rx is not None:
                     rx.close()
-                rx = receiver.WeightReceiver(group, "cpu")
+                rx = receiver.WeightReceiver(group, "cpu", reuse_buffers=reuse)
             start = time.perf_counter()
             got = list(rx.receive(ann))
             conn.send(("done", time.perf_counter() - start, len(got)))
@@ -142,11 +142,12 @@ def main() -> None:
     raw = raw[1:]  # the first round connects the pairs
 
     results = []
-    for bucket_mb in [float(x) for x in args.buckets_mb.split(",")]:
+    configs = [(float(x), False) for x in args.buckets_mb.split(",")] + [(16.0, True)]
+    for bucket_mb, reuse in configs:
         bc = sender.WeightBroadcaster(advertise_host="127.0.0.1", bucket_bytes=int(bucket_mb * 2**20))
 
-        def announce(member: str, group: Any, ann: Any) -> bool:
-            pipes[int(member)].send(("ours", group, ann))
+        def announce(member: str, group: Any, ann: Any, reuse: bool = reuse) -> bool:
+            pipes[int(member)].send(("ours", group, ann, reuse))
             return True
 
         times, pauses = [], []
@@ -158,7 +159,7 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
                 pauses.extend(pause)
         bc.close()
-        results.append((bucket_mb, times, pauses))
+        results.append((bucket_mb, reuse, times, pauses))
 
     for p in pipes:
         p.send(("exit",))
@@ -171,15 +172,15 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"load average {load:.1f} on {os.cpu_count()} CPUs; torch threads {args.threads}")
     print(f"seconds: best of {args.rounds} rounds (median); ratio: vs raw, best (median)")
-    print(f"{'path':<22} {'seconds':>16} {'GB/s':>6} {'pause ms':>9} {'ratio':>14}")
+    print(f"{'path':<32} {'seconds':>16} {'GB/s':>6} {'pause ms':>9} {'ratio':>14}")
     med_raw = statistics.median(raw)
-    print(f"{'raw flat buffer':<22} {best_raw:7.3f} ({med_raw:6.3f}) {gb / best_raw:6.2f}")
-    for bucket_mb, times, pauses in results:
+    print(f"{'raw flat buffer':<32} {best_raw:7.3f} ({med_raw:6.3f}) {gb / best_raw:6.2f}")
+    for bucket_mb, reuse, times, pauses in results:
         best = min(times)
-        name = f"plrl, {bucket_mb:g} MB buckets"
+        name = f"plrl, {bucket_mb:g} MB buckets" + (", rx reuse" if reuse else "")
         med = statistics.median(times)
         print(
-            f"{name:<22} {best:7.3f} ({med:6.3f}) {gb / best:6.2f} "
+            f"{name:<32} {best:7.3f} ({med:6.3f}) {gb / best:6.2f} "
             f"{statistics.median(pauses) * 1e3:9.1f} {best / best_raw:6.2f} ({med / med_raw:5.2f})"
         )
     print("goal: ratio <= 1.3")

@@ -239,3 +239,18 @@ def test_nccl_broadcast_is_bit_exact() -> None:
     finally:
         bc.close()
         peer.close()
+
+
+def test_published_snapshots_stay_intact_while_held_though_buffers_are_recycled() -> None:
+    store = snapshot.SnapshotStore()
+    bc = sender.WeightBroadcaster(advertise_host="127.0.0.1", snapshots=store)
+    try:
+        bc.broadcast(1, weights(1).items(), [], lambda *_: False)
+        held = store.latest()  # a pull in progress holds version 1
+        for version in (2, 3, 4):  # version 2's buffers are recycled for 4, never version 1's
+            bc.broadcast(version, weights(version).items(), [], lambda *_: False)
+            latest = store.latest()
+            assert latest is not None and digests(dict(latest.named_tensors())) == digests(weights(version))
+        assert held is not None and digests(dict(held.named_tensors())) == digests(weights(1))
+    finally:
+        bc.close()

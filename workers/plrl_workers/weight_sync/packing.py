@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy
 import torch
 
 from plrl_workers.weight_sync import base, buckets
@@ -49,9 +50,12 @@ def pack(
     params: Sequence[base.ParamMeta],
     tensors: Sequence[torch.Tensor],
     device: torch.device | str,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A fresh uint8 buffer on `device` holding the tensors of `bucket` at their slots."""
-    buf = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
+    """A uint8 buffer on `device` (`out` if given, else a new one) holding the tensors of `bucket`."""
+    buf = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device) if out is None else out
+    if buf.numel() != bucket.nbytes:
+        raise ValueError(f"bucket buffer has {buf.numel()} bytes, the bucket needs {bucket.nbytes}")
     for slot in bucket.slots:
         meta, tensor = params[slot.index], tensors[slot.index]
         if tuple(tensor.shape) != meta.shape or dtype_name(tensor.dtype) != meta.dtype:
@@ -59,7 +63,14 @@ def pack(
                 f"param {meta.name}: tensor is {tensor.dtype} {tuple(tensor.shape)}, "
                 f"announced {meta.dtype} {meta.shape}"
             )
-        if meta.nbytes:
+        if not meta.nbytes:
+            continue
+        if buf.device.type == "cpu" and tensor.device.type == "cpu":
+            # A plain memcpy: torch's copy_ goes through its intra-op thread pool, which costs more
+            # than the copy itself when the cores are busy (a trainer, or `plrl run` on few cores).
+            src = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+            numpy.copyto(buf.numpy()[slot.offset : slot.offset + meta.nbytes], src)
+        else:
             typed_view(buf, slot.offset, meta).copy_(tensor.detach())
     return buf
 

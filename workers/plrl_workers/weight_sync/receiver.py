@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from plrl_workers.weight_sync import base, buckets, groups, packing
+from plrl_workers.weight_sync import base, buckets, groups, packing, pool
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,14 @@ class WeightReceiver:
     `receive()` (after the sender's go), so construction never blocks on other generators.
     """
 
-    def __init__(self, group: base.GroupInfo, device: str, *, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, group: base.GroupInfo, device: str, *, timeout_s: float = 120.0, reuse_buffers: bool = False
+    ) -> None:
         self.group = group
+        # Opt-in: receive each version into the previous version's buffers (warm memory, no page
+        # faults); the tensors of a version are then valid only until the next receive() call.
+        self._pool = pool.BufferPool() if reuse_buffers else None
+        self._held: list[torch.Tensor] = []
         self._device = torch.device(device)
         self._timeout_s = timeout_s
         self._store = groups.tcp_store(group.host, group.port, is_master=False, timeout_s=timeout_s)
@@ -58,10 +64,11 @@ class WeightReceiver:
     def receive(self, ann: base.Announcement) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, tensor) for every parameter of `ann`, in order; tensors live on `device`.
 
-        The tensors are views of freshly allocated bucket buffers (never reused), so they stay valid
-        after the iterator moves on. Must be iterated to the end (the collectives are matched with
-        the sender's). Raises `groups.GroupAborted` if the sender aborted this version (a member was
-        missing): close this receiver and wait for the next announcement.
+        The tensors are views of bucket buffers: freshly allocated by default, so they stay valid
+        as long as you hold them; with `reuse_buffers=True`, until the next `receive()` call.
+        Must be iterated to the end (the collectives are matched with the sender's). Raises
+        `groups.GroupAborted` if the sender aborted this version (a member was missing): close
+        this receiver and wait for the next announcement.
         """
         if self._closed:
             raise RuntimeError("WeightReceiver used after close()")
@@ -69,6 +76,9 @@ class WeightReceiver:
             raise ValueError(
                 f"announcement is for epoch {ann.epoch}; this receiver is in epoch {self.group.epoch}"
             )
+        if self._pool is not None:
+            self._pool.put(self._held)
+            self._held = []
         vstore = groups.version_store(self._estore, ann.version)
         groups.announce_ready(vstore, self.group.rank)
         groups.wait_go(vstore, self._timeout_s)
@@ -88,7 +98,11 @@ class WeightReceiver:
         posted: list[tuple[torch.Tensor, c10d.Work | None]] = []
 
         def post(i: int) -> None:
-            buf = torch.empty(layout[i].nbytes, dtype=torch.uint8, device=self._device)
+            if self._pool is None:
+                buf = torch.empty(layout[i].nbytes, dtype=torch.uint8, device=self._device)
+            else:
+                buf = self._pool.get(layout[i].nbytes, self._device)
+                self._held.append(buf)
             posted.append((buf, groups.broadcast_async(pg, buf) if layout[i].nbytes else None))
 
         if layout:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from plrl_workers.weight_sync import base, buckets, groups, packing, snapshot
+from plrl_workers.weight_sync import base, buckets, groups, packing, pool, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ class WeightBroadcaster:
         self._skip_missing_for = skip_missing_for
         self._calls = 0
         self._skip_until: dict[str, int] = {}  # member -> first call that may include it again
+        self._pool = pool.BufferPool()
 
     @property
     def port(self) -> int:
@@ -187,10 +188,8 @@ class WeightBroadcaster:
                 self._new_epoch(())
             break
         if bufs is None:
-            bufs = [packing.pack(b, params, tensors, self._device) for b in layout]
-        if self._snapshots is not None:
-            cpu = tuple(b if b.device.type == "cpu" else b.to("cpu") for b in bufs)
-            self._snapshots.publish(snapshot.WeightSnapshot(version, params, tuple(layout), cpu))
+            bufs = [self._pack(b, params, tensors) for b in layout]
+        self._publish(version, params, layout, bufs)
         return BroadcastReport(
             version=version,
             epoch=self._epoch,
@@ -236,7 +235,7 @@ class WeightBroadcaster:
         bufs: list[torch.Tensor] = []
         in_flight: deque[c10d.Work] = deque()
         for bucket in layout:
-            buf = packing.pack(bucket, params, tensors, self._device)
+            buf = self._pack(bucket, params, tensors)
             bufs.append(buf)
             if bucket.nbytes:
                 in_flight.append(groups.broadcast_async(pg, buf))
@@ -245,6 +244,34 @@ class WeightBroadcaster:
         while in_flight:
             in_flight.popleft().wait()
         return bufs
+
+    def _pack(
+        self, bucket: buckets.Bucket, params: tuple[base.ParamMeta, ...], tensors: list[torch.Tensor]
+    ) -> torch.Tensor:
+        out = self._pool.get(bucket.nbytes, self._device)
+        return packing.pack(bucket, params, tensors, self._device, out=out)
+
+    def _publish(
+        self,
+        version: int,
+        params: tuple[base.ParamMeta, ...],
+        layout: list[buckets.Bucket],
+        bufs: list[torch.Tensor],
+    ) -> None:
+        """Hand this version to the snapshot store (its buffers come back when it is dropped)."""
+        if self._snapshots is None:
+            self._pool.put(bufs)
+            return
+        if self._device.type == "cpu":
+            kept = bufs
+        else:
+            kept = [self._pool.get(b.numel(), torch.device("cpu")) for b in bufs]
+            for dst, src in zip(kept, bufs, strict=True):
+                dst.copy_(src)
+            self._pool.put(bufs)
+        snap = snapshot.WeightSnapshot(version, params, tuple(layout), tuple(kept))
+        self._pool.put_when_gone(snap, kept)
+        self._snapshots.publish(snap)
 
     def _drop_stale_keys(self) -> None:
         for store, keys in self._stale_keys:

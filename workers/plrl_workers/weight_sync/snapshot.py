@@ -59,7 +59,8 @@ class WeightSnapshot:
         return sum(p.nbytes for p in self.params)
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Views (read-only by convention) of every parameter, in order."""
+        """Views of every parameter, in order: read-only, and valid only while you hold the snapshot
+        (the broadcaster reuses its buffers once the snapshot is dropped)."""
         for bucket, buf in zip(self.layout, self.buffers, strict=True):
             yield from packing.unpack(bucket, self.params, buf)
 
