@@ -16,10 +16,12 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from plrl_operator import spec as spec_mod
 from plrl_operator.policy import planner, types, utilisation
+
+if TYPE_CHECKING:
+    from plrl_operator import spec as spec_mod
 
 PAPER = {"gpus": 128, "batch_size": 128, "steps_per_round": 128, "max_len": 1024}
 
@@ -88,10 +90,20 @@ def load_curve(ref: str | None) -> utilisation.Curve:
     return utilisation.load(ref) if ref else utilisation.builtin()
 
 
+def load_job(path: str) -> spec_mod.JobSpec:
+    """The job file's spec; imported here so that plans without a job skip building the spec models."""
+    from plrl_operator import spec as spec_mod
+
+    try:
+        return spec_mod.load_job(path).spec
+    except spec_mod.JobFileError as err:
+        raise UsageError(str(err)) from None
+
+
 def workload_from_args(args: argparse.Namespace, curve: utilisation.Curve) -> planner.Workload:
     """The model inputs: the job file's (or the paper's), overridden by any flag given."""
     if args.job:
-        job = spec_mod.load_job(args.job).spec
+        job = load_job(args.job)
         w = planner.workload_for_job(job, curve, fixed_generators=True)
     else:
         tau = curve.tau if curve.tau is not None else planner.PAPER_TAU
@@ -127,7 +139,12 @@ def format_plan(p: types.Plan) -> str:
     s_per_gpu = p.batch_size * c.steps_per_round / p.n_gpus
     lag_limit = "none" if p.max_lag_limit is None else str(p.max_lag_limit)
     rows = [
-        ("generators I", "-", f"{q.generators}", f"balance point {p.balance_generators:.1f}"),
+        (
+            "generators I",
+            "-",
+            f"{q.generators}",
+            f"{q.generators / p.n_gpus:.0%} of N; balance point {p.balance_generators:.1f}",
+        ),
         ("trainers N-I", "-", f"{p.trainers}", ""),
         (
             "batch per generator",
@@ -169,7 +186,7 @@ def main(argv: list[str]) -> int:
         result = planner.plan(w, curve)
     except SystemExit as done:  # --help
         return int(done.code or 0)
-    except (UsageError, planner.PlanError, utilisation.CurveError, spec_mod.JobFileError) as err:
+    except (UsageError, planner.PlanError, utilisation.CurveError) as err:
         print(f"plrl plan: error: {_one_line(err)}", file=sys.stderr)
         return 2
     if args.json:

@@ -16,11 +16,13 @@ import dataclasses
 import json
 import pathlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plrl_operator import plan_cli
-from plrl_operator import spec as spec_mod
 from plrl_operator.policy import autoscaler, planner, simulator, utilisation
+
+if TYPE_CHECKING:
+    from plrl_operator import spec as spec_mod
 
 DEFAULT_NS = "8,16,32,64,128,256,512,1024"
 
@@ -77,7 +79,7 @@ class Result:
 def run(args: argparse.Namespace) -> Result:
     curve = plan_cli.load_curve(args.curve)
     ns = args.gpus or _ns(DEFAULT_NS)
-    job = spec_mod.load_job(args.job).spec if args.job else None
+    job = plan_cli.load_job(args.job) if args.job else None
     if job is not None and args.gpus is None:
         ns = [job.resources.total_gpus]
     _check(args, ns)
@@ -102,7 +104,8 @@ def run(args: argparse.Namespace) -> Result:
 def _workload(args: argparse.Namespace, curve: utilisation.Curve, n: int) -> planner.Workload:
     ns = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "gpus"})
     ns.gpus, ns.generators = n, None
-    return plan_cli.workload_from_args(ns, curve)
+    # the sweep lets the planner choose I at every N, even when the job file fixes it
+    return dataclasses.replace(plan_cli.workload_from_args(ns, curve), generators=None)
 
 
 def _autoscaled(
@@ -227,7 +230,7 @@ def main(argv: list[str]) -> int:
         result = run(args)
     except SystemExit as done:  # --help
         return int(done.code or 0)
-    except (plan_cli.UsageError, planner.PlanError, utilisation.CurveError, spec_mod.JobFileError) as err:
+    except (plan_cli.UsageError, planner.PlanError, utilisation.CurveError) as err:
         print(f"plrl simulate: error: {plan_cli._one_line(err)}", file=sys.stderr)
         return 2
     if args.json:

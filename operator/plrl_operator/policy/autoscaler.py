@@ -8,11 +8,12 @@ between (a 5-10% generation surplus that keeps the trainers fed) it holds. Aroun
 - hard limits: whole generator and trainer pods, min/max generators and the model's g_max
   limit (`planner.lag_cap`) are never crossed; a current I outside them is moved inside at once;
 - cool-down: no change within `cooldownSteps` of the last one, and only samples taken after it
-  (at the current I) count;
+  (at the current I) count; the longer I stays put, the more of them the estimate averages;
 - no overshoot: per-accelerator rates predict the ratio after a move, and the step is shortened
-  so it does not jump across the band; when even one pod would jump across, it moves only if
-  the predicted throughput gains at least `min_gain`;
-- hysteresis: reversing the previous direction needs the ratio a `reversal_margin` further out.
+  so that it lands inside the band by `reversal_margin`; when even one pod would jump across,
+  it moves only if the predicted throughput gains at least `min_gain`;
+- hysteresis: reversing the previous direction needs the ratio `reversal_margin` further out,
+  at two looks in a row.
 
 `decide` is a pure function of (policy, state, observation); the operator keeps the returned
 state in the job's status and turns changed decisions into Events, the local runner into
@@ -23,9 +24,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from typing import TYPE_CHECKING
 
-from plrl_operator import spec as spec_mod
 from plrl_operator.policy import planner, types
+
+if TYPE_CHECKING:
+    from plrl_operator import spec as spec_mod
 
 Action = types.ScaleAction
 _ONE_TOKEN = planner.Lengths(1)  # placeholder lengths; only used with a lag limit, set from the job
@@ -204,7 +208,10 @@ def _step(
         bound = "lower" if down else "upper"
         return _hold(obs, state, f"{why}; already at the {bound} limit ({_limits(p)})", ratio)
     size = p.step_down if down else p.step_up
-    reach = [a for a in side if abs(a - i) <= size] or side[:1]
+    reach = [a for a in side if abs(a - i) <= size]
+    if not reach:  # the configured step is smaller than one whole pod (or pair of pods)
+        reach = side[:1]
+        why += f"; the smallest whole-pod step is {abs(reach[0] - i)} GPUs"
     for a in reversed(reach):  # farthest first
         pr = predicted_ratio(a)
         # Land inside the band with the same margin a reversal needs, so noise cannot bounce it back.
@@ -214,7 +221,11 @@ def _step(
     gain = throughput(a) / throughput(i) - 1
     if gain >= p.min_gain:
         return _move(
-            obs, state, a, f"{why}; one pod overshoots the band but gains {gain:.1%} throughput", ratio
+            obs,
+            state,
+            a,
+            f"{why}; the smallest step overshoots the band but gains {gain:.1%} throughput",
+            ratio,
         )
     return _hold(
         obs,

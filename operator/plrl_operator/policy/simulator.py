@@ -222,6 +222,8 @@ def simulate_pipeline(
     """A pipelined run with fixed I, or autoscaled from I when `policy` is given."""
     if not 0 < generators < cfg.n_gpus:
         raise planner.PlanError(f"generators I={generators} must be in [1, N-1={cfg.n_gpus - 1}]")
+    if policy is not None and policy.n_gpus != cfg.n_gpus:
+        raise planner.PlanError(f"autoscale policy is for N={policy.n_gpus} GPUs, the run has N={cfg.n_gpus}")
     sim = _Pipeline(cfg, generators, concurrency)
     noise = random.Random(cfg.seed + 1)
     u_h = cfg.curve.u(concurrency)
