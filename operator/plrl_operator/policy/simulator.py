@@ -52,6 +52,15 @@ class SimConfig:
     rate_noise: float = 0.0
     """Relative standard deviation of the rates the autoscaler is shown."""
 
+    def __post_init__(self) -> None:
+        if self.n_gpus < 2 or self.batch_size < 1 or self.steps < 1 or self.tau <= 0:
+            raise planner.PlanError(
+                f"simulation needs N >= 2, B >= 1, steps >= 1 and tau > 0; got N={self.n_gpus}, "
+                f"B={self.batch_size}, steps={self.steps}, tau={self.tau}"
+            )
+        if min(self.broadcast_flashes, self.rescale_flashes, self.rate_noise) < 0 or self.buffer_batches < 1:
+            raise planner.PlanError("pauses and noise must not be negative, and the buffer must hold a batch")
+
 
 @dataclasses.dataclass(frozen=True)
 class StepRecord:
