@@ -164,6 +164,9 @@ class ControlPlane:
                  f"--service-account-key-file={pki / 'sa.pub'}",
                  f"--service-account-signing-key-file={pki / 'sa.key'}",
                  "--authorization-mode=RBAC",
+                 # It taints every new Node not-ready until a node lifecycle controller sees a kubelet;
+                 # fake nodes have neither, and a taint lifted after creation races the scheduler.
+                 "--disable-admission-plugins=TaintNodesByCondition",
                  # Endpoints may not be loopback, and nothing in this cluster dials the kubernetes Service.
                  "--endpoint-reconciler-type=none", "--allow-privileged=true", "--profiling=false"],
                 lambda: procs.http_ok(f"{self.server}/readyz", self._admin_tls()),
