@@ -30,7 +30,10 @@ TOL = 1e-3  # fp32 logprob tolerance between an engine and transformers
 EOS = tiny.vocabulary()[tiny.EOS]
 # vLLM's kernel dispatcher probes every torch.distributed attribute at start-up, which touches the
 # deprecated `reduce_op` alias; nothing we call uses it.
-VLLM = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning")]
+VLLM = [
+    pytest.mark.vllm,
+    pytest.mark.filterwarnings("ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning"),
+]
 PROMPTS = [[5, 6, 67, 7, 71], [12, 13], [20, 21, 22, 23, 24, 25, 26], [40], [41, 42, 43], [50, 51]]
 
 
@@ -69,7 +72,8 @@ def vllm_engine(model_dir: pathlib.Path) -> Iterator[base.GenerationEngine]:
         # Keep vLLM's CPU worker in this process: one engine start, nothing left running.
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         eng = base.create(
-            "vllm", base.EngineOptions(str(model_dir), max_concurrent=H, max_model_len=MAX_LEN, enforce_eager=True)
+            "vllm",
+            base.EngineOptions(str(model_dir), max_concurrent=H, max_model_len=MAX_LEN, enforce_eager=True),
         )
         yield eng
         eng.close()
@@ -98,7 +102,9 @@ def engine(
 # --------------------------------------------------------------------------- helpers
 
 
-def run(eng: base.GenerationEngine, max_steps: int = 400) -> tuple[dict[str, types.FinishedSequence], dict[str, int]]:
+def run(
+    eng: base.GenerationEngine, max_steps: int = 400
+) -> tuple[dict[str, types.FinishedSequence], dict[str, int]]:
     """Step until nothing is in flight; return sequences and the step index each finished at."""
     done: dict[str, types.FinishedSequence] = {}
     at: dict[str, int] = {}
@@ -131,32 +137,37 @@ def teacher_forced(
     seq: types.FinishedSequence,
     temperature: float,
     weights: list[Mapping[str, torch.Tensor]],
-    split: int = 0,
+    splits: tuple[int, ...] = (),
 ) -> torch.Tensor:
-    """Logprobs of `seq`'s tokens from transformers: tokens before `split` from `weights[0]`,
-    the rest from `weights[-1]` reading the KV cache the first weights wrote for the tokens
-    before `split` (what an engine that keeps its cache during an update computes)."""
+    """Logprobs of `seq`'s tokens from transformers, teacher-forced.
+
+    Tokens from `splits[j-1]` on (the first from 0) come from `weights[j]`, which also writes the KV
+    entries of the inputs it reads; later weights read those entries as they are. That is what an
+    engine that keeps its cache across updates computes. With one entry in `weights` it is a plain
+    forward pass."""
+    assert len(weights) == len(splits) + 1
     prompt, toks = list(seq.prompt_token_ids), seq.token_ids
-    t = temperature or 1.0
     ids = torch.tensor([prompt + toks[:-1]])
-    cut = len(prompt) - 1 + split  # inputs before `cut` are fed to the first weights
+    # Token i is predicted from input len(prompt) - 1 + i.
+    bounds = [0, *(len(prompt) - 1 + k for k in splits), ids.shape[1]]
+    cache = None
+    parts = []
     with torch.no_grad():
-        if split == 0:
-            with holding(model, weights[-1]):
-                logits = model(ids).logits[0, len(prompt) - 1 :]
-        else:
-            with holding(model, weights[0]):
-                first = model(ids[:, :cut], use_cache=True)
-            parts = [first.logits[0, len(prompt) - 1 :]]
-            if cut < ids.shape[1]:
-                with holding(model, weights[-1]):
-                    parts.append(model(ids[:, cut:], past_key_values=first.past_key_values).logits[0])
-            logits = torch.cat(parts)
-    lp = (logits.float() / t).log_softmax(-1)
+        for w, lo, hi in zip(weights, bounds, bounds[1:], strict=False):
+            if hi <= lo:
+                continue
+            with holding(model, w):
+                out = model(ids[:, lo:hi], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            parts.append(out.logits[0])
+    logits = torch.cat(parts)[len(prompt) - 1 :]
+    lp = (logits.float() / (temperature or 1.0)).log_softmax(-1)
     return lp.gather(1, torch.tensor(toks)[:, None])[:, 0]
 
 
-def perturbed(original: Mapping[str, torch.Tensor], seed: int, scale: float = 0.02) -> dict[str, torch.Tensor]:
+def perturbed(
+    original: Mapping[str, torch.Tensor], seed: int, scale: float = 0.02
+) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {n: p + scale * torch.randn(p.shape, generator=g) for n, p in original.items()}
 
@@ -205,7 +216,7 @@ def test_a_finished_slot_is_refilled_at_the_next_step(engine: base.GenerationEng
     for i in range(1, H):
         engine.add_request(f"long{i}", PROMPTS[i], types.SamplingParams(max_new_tokens=12, temperature=0.0))
     engine.add_request("waiting", PROMPTS[4], types.SamplingParams(max_new_tokens=1, temperature=0.0))
-    done, at = run(engine)
+    _, at = run(engine)
     assert at["short"] == 2  # three tokens: steps 0, 1, 2
     # "waiting" needed a free slot, so it cannot finish before "short"; it takes the freed slot
     # in the same step (torch) or the next one (vLLM schedules before it samples).
@@ -218,7 +229,9 @@ def test_greedy_and_seeded_sampling_are_reproducible(engine: base.GenerationEngi
         for i, prompt in enumerate(PROMPTS):
             t = 0.0 if i % 2 else 0.8
             engine.add_request(
-                f"s{i}", prompt, types.SamplingParams(max_new_tokens=10, temperature=t, seed=100 + i + seed_offset)
+                f"s{i}",
+                prompt,
+                types.SamplingParams(max_new_tokens=10, temperature=t, seed=100 + i + seed_offset),
             )
         return run(engine)[0]
 
@@ -237,7 +250,9 @@ def test_stop_tokens_and_eos_end_a_sequence(
 ) -> None:
     with torch.no_grad():
         first = int(ref(torch.tensor([PROMPTS[1]])).logits[0, -1].argmax())
-    engine.add_request("stop", PROMPTS[1], types.SamplingParams(max_new_tokens=20, temperature=0.0, stop_token_ids=(first,)))
+    engine.add_request(
+        "stop", PROMPTS[1], types.SamplingParams(max_new_tokens=20, temperature=0.0, stop_token_ids=(first,))
+    )
     done, _ = run(engine)
     assert (done["stop"].token_ids, done["stop"].finish_reason) == ([first], "stop")
 
@@ -296,18 +311,20 @@ def test_in_flight_update_switches_versions_and_keeps_the_kv_cache(
         got = torch.tensor(seq.logprobs)
         # New weights over the keys/values the old weights wrote: what an engine that keeps
         # its KV cache computes, token by token.
-        torch.testing.assert_close(got, teacher_forced(ref, seq, t, [original, new], split=k), atol=TOL, rtol=0)
+        torch.testing.assert_close(got, teacher_forced(ref, seq, t, [original, new], (k,)), atol=TOL, rtol=0)
         if len(seq.token_ids) > k:
             spanning += 1
-            stale = teacher_forced(ref, seq, t, [original], split=0)[k:]
-            recomputed = teacher_forced(ref, seq, t, [new], split=0)[k:]
+            stale = teacher_forced(ref, seq, t, [original])[k:]
+            recomputed = teacher_forced(ref, seq, t, [new])[k:]
             assert (got[k:] - stale).abs().max() > 10 * TOL, "tokens after the update used old weights"
             assert (got[k:] - recomputed).abs().max() > 10 * TOL, "the KV cache was recomputed"
     assert spanning >= 2
 
     after = done["after"]  # started after the update: a plain pass with the new weights
     assert after.versions == [v0 + 1] * len(after.token_ids)
-    torch.testing.assert_close(torch.tensor(after.logprobs), teacher_forced(ref, after, 0.7, [new]), atol=TOL, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(after.logprobs), teacher_forced(ref, after, 0.7, [new]), atol=TOL, rtol=0
+    )
 
 
 def test_tied_embeddings_accept_the_lm_head_name(
@@ -318,7 +335,9 @@ def test_tied_embeddings_accept_the_lm_head_name(
     engine.update_weights(with_head.items(), engine.weight_version + 1)
     engine.add_request("t", PROMPTS[2], types.SamplingParams(max_new_tokens=8, temperature=0.0))
     seq = run(engine)[0]["t"]
-    torch.testing.assert_close(torch.tensor(seq.logprobs), teacher_forced(ref, seq, 0.0, [new]), atol=TOL, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(seq.logprobs), teacher_forced(ref, seq, 0.0, [new]), atol=TOL, rtol=0
+    )
 
 
 @pytest.mark.vllm
@@ -341,3 +360,67 @@ def test_torch_and_vllm_agree_on_greedy_outputs(
                 logits = ref(torch.tensor([prefix])).logits[0, -1]
             assert abs(float(logits[ta[same]] - logits[tb[same]])) < TOL, f"{rid} diverges at {same}"
         torch.testing.assert_close(a[rid].logprobs[:same], b[rid].logprobs[:same], atol=TOL, rtol=0)
+
+
+def test_a_failed_update_keeps_the_version_and_a_full_one_repairs_it(
+    engine: base.GenerationEngine, ref: torch.nn.Module, original: dict[str, torch.Tensor]
+) -> None:
+    v0 = engine.weight_version
+    new = perturbed(original, seed=3)
+    names = list(new)
+    broken = [(n, new[n][..., :-1] if i == len(names) // 2 else new[n]) for i, n in enumerate(names)]
+    with pytest.raises(Exception):  # noqa: B017 - each engine reports a bad shape its own way
+        engine.update_weights(broken, v0 + 1)
+    assert engine.weight_version == v0
+    engine.update_weights(new.items(), v0 + 1)
+    engine.add_request("r", PROMPTS[0], types.SamplingParams(max_new_tokens=8, temperature=0.0))
+    seq = run(engine)[0]["r"]
+    assert seq.versions == [v0 + 1] * 8
+    torch.testing.assert_close(
+        torch.tensor(seq.logprobs), teacher_forced(ref, seq, 0.0, [new]), atol=TOL, rtol=0
+    )
+
+
+def test_weights_broadcast_by_the_trainer_land_in_flight(
+    engine: base.GenerationEngine, ref: torch.nn.Module, original: dict[str, torch.Tensor]
+) -> None:
+    """The trainer's `WeightBroadcaster` (gloo, bucketed) into `join_weight_group`/`receive_weights`:
+    inside vLLM's worker, in the torch engine's process; two versions over one group."""
+    sender = pytest.importorskip("plrl_workers.weight_sync.sender")
+    import queue
+    import threading
+
+    bc = sender.WeightBroadcaster(advertise_host="127.0.0.1", bucket_bytes=64 << 10, timeout_s=60)
+    announced: queue.Queue[tuple[object, object]] = queue.Queue()
+
+    def send(version: int, weights: dict[str, torch.Tensor]) -> threading.Thread:
+        def go() -> None:
+            bc.broadcast(version, weights.items(), ["gen"], lambda _m, g, a: announced.put((g, a)) or True)
+
+        t = threading.Thread(target=go, daemon=True)
+        t.start()
+        return t
+
+    v0 = engine.weight_version
+    new = perturbed(original, seed=4)
+    engine.add_request("b", PROMPTS[2], types.SamplingParams(max_new_tokens=10, temperature=0.0))
+    engine.step()
+    engine.step()
+    try:
+        for version, weights in ((v0 + 1, new), (v0 + 2, original)):
+            t = send(version, weights)
+            group, ann = announced.get(timeout=60)
+            engine.join_weight_group(group)  # type: ignore[arg-type]
+            engine.receive_weights(ann)  # type: ignore[arg-type]
+            t.join(timeout=60)
+            assert engine.weight_version == version
+            if version == v0 + 1:
+                engine.step()
+                engine.step()
+    finally:
+        engine.leave_weight_group()
+        bc.close()
+    seq = run(engine)[0]["b"]
+    assert seq.versions == [v0] * 2 + [v0 + 1] * 2 + [v0 + 2] * 6
+    expected = teacher_forced(ref, seq, 0.0, [original, new, original], (2, 4))
+    torch.testing.assert_close(torch.tensor(seq.logprobs), expected, atol=TOL, rtol=0)

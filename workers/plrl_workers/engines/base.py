@@ -122,16 +122,22 @@ class GenerationEngine(Protocol):
         Names are the trainer's (transformers) parameter names; tied weights may be sent under
         either name. vLLM fuses layers (qkv, gate/up), so send every parameter of a layer you
         touch (the trainer always sends them all). Tokens decoded from the next step on are
-        attributed to `version`, which must not be older than `weight_version`.
+        attributed to `version`, which must not be older than `weight_version`. If it raises
+        midway, the version is not bumped and the weights may be a mix: load a full set next.
         """
         ...
 
     def join_weight_group(self, group: ws_base.GroupInfo) -> None:
-        """Join the trainer's broadcast group (vLLM: inside each of its workers)."""
+        """Join the trainer's broadcast group, leaving a different one first (no-op if already in
+        `group`). vLLM joins inside each of its workers, so tensors never cross processes."""
         ...
 
     def receive_weights(self, ann: ws_base.Announcement) -> None:
-        """Receive the broadcast `ann` announces and load it as `update_weights` would."""
+        """Receive the broadcast `ann` announces and load it as `update_weights` would.
+
+        If it fails midway (`groups.GroupAborted` comes before any tensor; a dead peer may come
+        after some), the version is not bumped and the engine may hold a mix of two versions:
+        leave the group and load full weights (`update_weights`) before trusting its logprobs."""
         ...
 
     def leave_weight_group(self) -> None:

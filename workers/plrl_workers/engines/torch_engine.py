@@ -158,7 +158,9 @@ class TorchEngine:
             if param is None:
                 raise KeyError(f"update_weights: unknown parameter {name!r}")
             if param.shape != tensor.shape:
-                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+                )
             param.copy_(tensor)
         self._version = version
 
@@ -166,8 +168,11 @@ class TorchEngine:
         from plrl_workers.weight_sync import receiver
 
         if self._receiver is not None:
-            raise RuntimeError("join_weight_group: already in a weight group; leave it first")
-        self._receiver = receiver.WeightReceiver(group, str(self._device))
+            if self._receiver.group == group:
+                return
+            self.leave_weight_group()
+        device = "cpu" if group.backend == "gloo" else str(self._device)
+        self._receiver = receiver.WeightReceiver(group, device)
 
     def receive_weights(self, ann: ws_base.Announcement) -> None:
         if self._receiver is None:
@@ -280,8 +285,6 @@ class TorchEngine:
                 self._slots[slot] = None
                 del self._live[s.request_id]
                 finished.append(
-                    types.FinishedSequence(
-                        s.request_id, s.prompt, s.tokens, s.logprobs, s.versions, reason
-                    )
+                    types.FinishedSequence(s.request_id, s.prompt, s.tokens, s.logprobs, s.versions, reason)
                 )
         return finished

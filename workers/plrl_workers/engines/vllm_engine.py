@@ -54,7 +54,8 @@ class _Seq:
 
 def _text_config(model_dir: str) -> dict[str, Any]:
     cfg: dict[str, Any] = json.loads((pathlib.Path(model_dir) / "config.json").read_text())
-    return cfg.get("text_config", cfg)  # type: ignore[no-any-return]
+    text: dict[str, Any] = cfg.get("text_config", cfg)
+    return text
 
 
 def cpu_kv_cache_bytes(options: base.EngineOptions, max_model_len: int) -> int:
@@ -62,7 +63,9 @@ def cpu_kv_cache_bytes(options: base.EngineOptions, max_model_len: int) -> int:
     cfg = _text_config(options.model_dir)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * _DTYPE_BYTES[options.dtype]
+    per_token = (
+        2 * int(cfg["num_hidden_layers"]) * int(kv_heads) * int(head_dim) * _DTYPE_BYTES[options.dtype]
+    )
     return max(64 << 20, 2 * per_token * options.max_concurrent * max_model_len)
 
 
@@ -79,7 +82,9 @@ class VllmEngine:
         self._sampling_params = sampling_params
         kv_bytes = options.kv_cache_memory_bytes
         if kv_bytes is None and current_platform.is_cpu():
-            model_len = options.max_model_len or int(_text_config(options.model_dir)["max_position_embeddings"])
+            model_len = options.max_model_len or int(
+                _text_config(options.model_dir)["max_position_embeddings"]
+            )
             kv_bytes = cpu_kv_cache_bytes(options, model_len)
         args = EngineArgs(
             model=options.model_dir,

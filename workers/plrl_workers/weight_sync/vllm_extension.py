@@ -49,6 +49,8 @@ class _Worker(Protocol):
     rank: int
     device: torch.device
     model_config: Any
+    vllm_config: Any
+    model_runner: Any
 
     def reload_weights(self, *, weights_iterator: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
@@ -68,7 +70,19 @@ def tied(
 
 def _reload(worker: _Worker, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     tie = bool(getattr(worker.model_config.hf_text_config, "tie_word_embeddings", False))
-    worker.reload_weights(weights_iterator=tied(named_tensors, tie))
+    try:
+        worker.reload_weights(weights_iterator=tied(named_tensors, tie))
+    except BaseException:
+        # A reload that stops midway (bad tensor, dead peer) leaves the layers it had not reached
+        # on the meta device with wrapped loaders. Finalising puts the old tensors back there, so
+        # the model can decode and, above all, take the full reload that must follow: until then
+        # it holds a mix of two versions.
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        with set_current_vllm_config(worker.vllm_config):
+            finalize_layerwise_reload(worker.model_runner.get_model(), worker.model_config)
+        raise
 
 
 class WeightSyncExtension:
@@ -81,14 +95,17 @@ class WeightSyncExtension:
         _reload(cast(_Worker, self), named_tensors)
 
     def plrl_join_group(self, group: ws_base.GroupInfo) -> None:
-        """Join the trainer's broadcast group as this worker's own rank."""
+        """Join (or move to) the trainer's broadcast group as this worker's own rank."""
         from plrl_workers.weight_sync import receiver
 
-        if self._plrl_receiver is not None:
-            raise RuntimeError("plrl_join_group: this worker is already in a weight group; leave it first")
         worker = cast(_Worker, self)
         member = dataclasses.replace(group, rank=group.rank + worker.rank)
-        self._plrl_receiver = receiver.WeightReceiver(member, str(worker.device))
+        if self._plrl_receiver is not None:
+            if self._plrl_receiver.group == member:
+                return
+            self.plrl_leave_group()
+        device = "cpu" if group.backend == "gloo" else str(worker.device)
+        self._plrl_receiver = receiver.WeightReceiver(member, device)
 
     def plrl_receive_weights(self, ann: ws_base.Announcement) -> None:
         """Receive the broadcast `ann` announces and reload it, one tensor at a time."""
