@@ -9,8 +9,9 @@ from).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from plrl_workers import types
@@ -82,6 +83,14 @@ def validate_request(
             f"request {request_id}: prompt ({len(prompt_token_ids)} tokens) + max_new_tokens "
             f"({params.max_new_tokens}) exceeds max_model_len={max_model_len}"
         )
+
+
+def drain(stream: Iterator[object]) -> None:
+    """Consume the rest of a broadcast after a failed load, so the sender's collectives still
+    complete for the other members (a broken stream just stops)."""
+    with contextlib.suppress(Exception):
+        for _ in stream:
+            pass
 
 
 def check_version(current: int, new: int) -> None:

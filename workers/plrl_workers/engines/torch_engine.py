@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from plrl_workers.weight_sync import receiver as ws_receiver
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # identity: abort() looks sequences up in the queue and slots
 class _Seq:
     request_id: str
     prompt: tuple[int, ...]
@@ -177,7 +177,13 @@ class TorchEngine:
     def receive_weights(self, ann: ws_base.Announcement) -> None:
         if self._receiver is None:
             raise RuntimeError("receive_weights: join_weight_group first")
-        self.update_weights(self._receiver.receive(ann), ann.version)
+        base.check_version(self._version, ann.version)  # before the handshake commits us to receive
+        stream = self._receiver.receive(ann)
+        try:
+            self.update_weights(stream, ann.version)
+        except BaseException:
+            base.drain(stream)
+            raise
 
     def leave_weight_group(self) -> None:
         if self._receiver is not None:
@@ -190,6 +196,8 @@ class TorchEngine:
         self._waiting.clear()
         self._slots = [None] * len(self._slots)
         del self._cache, self._model, self._params, self._decoder, self._lm_head
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ internals
 

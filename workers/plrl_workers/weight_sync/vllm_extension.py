@@ -29,6 +29,7 @@ end of the trainer's broadcast), `weight_sync/base.py` (its message types).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -70,9 +71,14 @@ def tied(
 
 def _reload(worker: _Worker, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     tie = bool(getattr(worker.model_config.hf_text_config, "tie_word_embeddings", False))
+    stream = iter(named_tensors)
     try:
-        worker.reload_weights(weights_iterator=tied(named_tensors, tie))
+        worker.reload_weights(weights_iterator=tied(stream, tie))
     except BaseException:
+        # Keep the sender's collectives matched for the other members of a broadcast.
+        with contextlib.suppress(Exception):
+            for _ in stream:
+                pass
         # A reload that stops midway (bad tensor, dead peer) leaves the layers it had not reached
         # on the meta device with wrapped loaders. Finalising puts the old tensors back there, so
         # the model can decode and, above all, take the full reload that must follow: until then
