@@ -5,7 +5,11 @@ arrays agree and logprobs equal a teacher-forced transformers pass; greedy and s
 are reproducible; EOS and stop tokens end a sequence; abort; an in-flight weight update (tokens
 carry versions v and v+1 inside one sequence, the logprobs after the update equal a transformers
 pass that holds the new weights, the KV cache of running sequences is kept, the other sequences
-finish); tied embeddings accept either name; torch and vLLM agree on greedy outputs.
+finish); tied embeddings accept either name; a failed update keeps the version and a full one
+repairs the engine; the trainer's gloo broadcast lands through `join_weight_group`/
+`receive_weights` (inside vLLM's worker), and a version the engine cannot load still lets the
+sender finish; torch and vLLM agree on greedy outputs. A third parameter, `torch_cuda`, runs the
+torch engine on a GPU where there is one.
 
 Logprob convention (`engines/sampling.py`): log_softmax(logits / T) of the sampled token, top_p=1
 here; greedy (T=0) uses T=1. Each engine starts once per module (vLLM takes a minute or two on a
@@ -14,20 +18,20 @@ loaded machine); every test leaves it empty and with the model's original weight
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import pytest
 import torch
 from plrl_workers import types
 from plrl_workers.engines import base
-from plrl_workers.models import tiny
+
+from tests.engines import reference
 
 H = 4  # slots
 MAX_LEN = 96
 TOL = 1e-3  # fp32 logprob tolerance between an engine and transformers
-EOS = tiny.vocabulary()[tiny.EOS]
+EOS = reference.EOS
 # vLLM's kernel dispatcher probes every torch.distributed attribute at start-up, which touches the
 # deprecated `reduce_op` alias; nothing we call uses it.
 VLLM = [
@@ -113,93 +117,6 @@ def engine(
         module_engine.update_weights(original.items(), module_engine.weight_version + 1)
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def run(
-    eng: base.GenerationEngine, max_steps: int = 400
-) -> tuple[dict[str, types.FinishedSequence], dict[str, int]]:
-    """Step until nothing is in flight; return sequences and the step index each finished at."""
-    done: dict[str, types.FinishedSequence] = {}
-    at: dict[str, int] = {}
-    for i in range(max_steps):
-        if not eng.num_in_flight():
-            return done, at
-        for seq in eng.step():
-            assert seq.request_id not in done, f"{seq.request_id} returned twice"
-            seq.check()
-            done[seq.request_id], at[seq.request_id] = seq, i
-    raise AssertionError(f"still {eng.num_in_flight()} in flight after {max_steps} steps")
-
-
-@contextlib.contextmanager
-def holding(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> Iterator[None]:
-    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(weights[n])
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.copy_(saved[n])
-
-
-def teacher_forced(
-    model: torch.nn.Module,
-    seq: types.FinishedSequence,
-    temperature: float,
-    weights: list[Mapping[str, torch.Tensor]],
-    splits: tuple[int, ...] = (),
-) -> torch.Tensor:
-    """Logprobs of `seq`'s tokens from transformers, teacher-forced.
-
-    Tokens from `splits[j-1]` on (the first from 0) come from `weights[j]`, which also writes the KV
-    entries of the inputs it reads; later weights read those entries as they are. That is what an
-    engine that keeps its cache across updates computes. With one entry in `weights` it is a plain
-    forward pass."""
-    assert len(weights) == len(splits) + 1
-    prompt, toks = list(seq.prompt_token_ids), seq.token_ids
-    ids = torch.tensor([prompt + toks[:-1]])
-    # Token i is predicted from input len(prompt) - 1 + i.
-    bounds = [0, *(len(prompt) - 1 + k for k in splits), ids.shape[1]]
-    cache = None
-    parts = []
-    with torch.no_grad():
-        for w, lo, hi in zip(weights, bounds, bounds[1:], strict=False):
-            if hi <= lo:
-                continue
-            with holding(model, w):
-                out = model(ids[:, lo:hi], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            parts.append(out.logits[0])
-    logits = torch.cat(parts)[len(prompt) - 1 :]
-    lp = (logits.float() / (temperature or 1.0)).log_softmax(-1)
-    return lp.gather(1, torch.tensor(toks)[:, None])[:, 0]
-
-
-def perturbed(
-    original: Mapping[str, torch.Tensor], seed: int, scale: float = 0.02
-) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {n: p + scale * torch.randn(p.shape, generator=g) for n, p in original.items()}
-
-
-def eos_forcing(original: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Weights whose next token is EOS after any prefix: the last layer attends uniformly (q = 0)
-    to values whose newest entry is 1e4 * embedding(EOS), copied to the residual stream by an
-    identity o_proj; with tied embeddings the EOS logit then dominates."""
-    w = dict(original)
-    last = f"model.layers.{sum(1 for n in original if n.endswith('self_attn.o_proj.weight')) - 1}"
-    a = f"{last}.self_attn"
-    for n in (f"{a}.q_proj.weight", f"{a}.q_proj.bias", f"{a}.v_proj.weight", f"{last}.mlp.down_proj.weight"):
-        w[n] = torch.zeros_like(original[n])
-    w[f"{a}.v_proj.bias"] = 1e4 * original["model.embed_tokens.weight"][EOS]
-    w[f"{a}.o_proj.weight"] = torch.eye(original[f"{a}.o_proj.weight"].shape[0])
-    return w
-
-
 # --------------------------------------------------------------------------- tests
 
 
@@ -212,7 +129,7 @@ def test_more_requests_than_slots_all_complete_with_exact_logprobs(
     for rid, (prompt, n, t) in reqs.items():
         engine.add_request(rid, prompt, types.SamplingParams(max_new_tokens=n, temperature=t, seed=7))
     assert engine.num_in_flight() == 10
-    done, _ = run(engine)
+    done, _ = reference.run(engine)
     assert done.keys() == reqs.keys()
     for rid, (prompt, n, t) in reqs.items():
         seq = done[rid]
@@ -221,7 +138,7 @@ def test_more_requests_than_slots_all_complete_with_exact_logprobs(
         ended_by_eos = seq.token_ids[-1] == EOS
         assert seq.finish_reason == ("stop" if ended_by_eos else "length")
         assert len(seq.token_ids) == n or ended_by_eos
-        expected = teacher_forced(ref, seq, t, [original])
+        expected = reference.teacher_forced(ref, seq, t, [original])
         torch.testing.assert_close(torch.tensor(seq.logprobs), expected, atol=TOL, rtol=0)
 
 
@@ -230,7 +147,7 @@ def test_a_finished_slot_is_refilled_at_the_next_step(engine: base.GenerationEng
     for i in range(1, H):
         engine.add_request(f"long{i}", PROMPTS[i], types.SamplingParams(max_new_tokens=12, temperature=0.0))
     engine.add_request("waiting", PROMPTS[4], types.SamplingParams(max_new_tokens=1, temperature=0.0))
-    _, at = run(engine)
+    _, at = reference.run(engine)
     assert at["short"] == 2  # three tokens: steps 0, 1, 2
     # "waiting" needed a free slot, so it cannot finish before "short"; it takes the freed slot
     # in the same step (torch) or the next one (vLLM schedules before it samples).
@@ -247,7 +164,7 @@ def test_greedy_and_seeded_sampling_are_reproducible(engine: base.GenerationEngi
                 prompt,
                 types.SamplingParams(max_new_tokens=10, temperature=t, seed=100 + i + seed_offset),
             )
-        return run(engine)[0]
+        return reference.run(engine)[0]
 
     a, b, c = once(0), once(0), once(1000)
     for rid in a:
@@ -267,7 +184,7 @@ def test_stop_tokens_and_eos_end_a_sequence(
     engine.add_request(
         "stop", PROMPTS[1], types.SamplingParams(max_new_tokens=20, temperature=0.0, stop_token_ids=(first,))
     )
-    done, _ = run(engine)
+    done, _ = reference.run(engine)
     assert (done["stop"].token_ids, done["stop"].finish_reason) == ([first], "stop")
 
     v0 = engine.weight_version
@@ -275,8 +192,8 @@ def test_stop_tokens_and_eos_end_a_sequence(
         engine.add_request(f"e{i}", PROMPTS[i], types.SamplingParams(max_new_tokens=30, temperature=0.0))
     engine.step()
     engine.step()
-    engine.update_weights(eos_forcing(original).items(), v0 + 1)
-    done, _ = run(engine)
+    engine.update_weights(reference.eos_forcing(original).items(), v0 + 1)
+    done, _ = reference.run(engine)
     for i in range(3):
         seq = done[f"e{i}"]
         assert seq.finish_reason == "stop"
@@ -293,7 +210,7 @@ def test_abort_drops_running_and_queued_sequences(engine: base.GenerationEngine)
     engine.abort(f"a{H + 1}")  # still queued
     engine.abort("never-added")
     assert engine.num_in_flight() == H
-    done, _ = run(engine)
+    done, _ = reference.run(engine)
     assert set(done) == {f"a{i}" for i in range(H + 2)} - {"a1", f"a{H + 1}"}
     assert all(len(s.token_ids) == 8 for s in done.values())
 
@@ -308,11 +225,11 @@ def test_in_flight_update_switches_versions_and_keeps_the_kv_cache(
     done: dict[str, types.FinishedSequence] = {}
     for _ in range(before):
         done.update({s.request_id: s for s in engine.step()})
-    new = perturbed(original, seed=1)
+    new = reference.perturbed(original, seed=1)
     engine.update_weights(new.items(), v0 + 1)  # the trainer's names; lm_head is tied
     assert engine.weight_version == v0 + 1
     engine.add_request("after", PROMPTS[3], types.SamplingParams(max_new_tokens=10, temperature=0.7, seed=9))
-    rest, _ = run(engine)
+    rest, _ = reference.run(engine)
     done.update(rest)
     assert set(done) == {*temps, "after"}
 
@@ -325,11 +242,13 @@ def test_in_flight_update_switches_versions_and_keeps_the_kv_cache(
         got = torch.tensor(seq.logprobs)
         # New weights over the keys/values the old weights wrote: what an engine that keeps
         # its KV cache computes, token by token.
-        torch.testing.assert_close(got, teacher_forced(ref, seq, t, [original, new], (k,)), atol=TOL, rtol=0)
+        torch.testing.assert_close(
+            got, reference.teacher_forced(ref, seq, t, [original, new], (k,)), atol=TOL, rtol=0
+        )
         if len(seq.token_ids) > k:
             spanning += 1
-            stale = teacher_forced(ref, seq, t, [original])[k:]
-            recomputed = teacher_forced(ref, seq, t, [new])[k:]
+            stale = reference.teacher_forced(ref, seq, t, [original])[k:]
+            recomputed = reference.teacher_forced(ref, seq, t, [new])[k:]
             assert (got[k:] - stale).abs().max() > 10 * TOL, "tokens after the update used old weights"
             assert (got[k:] - recomputed).abs().max() > 10 * TOL, "the KV cache was recomputed"
     assert spanning >= 2
@@ -337,20 +256,20 @@ def test_in_flight_update_switches_versions_and_keeps_the_kv_cache(
     after = done["after"]  # started after the update: a plain pass with the new weights
     assert after.versions == [v0 + 1] * len(after.token_ids)
     torch.testing.assert_close(
-        torch.tensor(after.logprobs), teacher_forced(ref, after, 0.7, [new]), atol=TOL, rtol=0
+        torch.tensor(after.logprobs), reference.teacher_forced(ref, after, 0.7, [new]), atol=TOL, rtol=0
     )
 
 
 def test_tied_embeddings_accept_the_lm_head_name(
     engine: base.GenerationEngine, ref: torch.nn.Module, original: dict[str, torch.Tensor]
 ) -> None:
-    new = perturbed(original, seed=2)
+    new = reference.perturbed(original, seed=2)
     with_head = {**new, "lm_head.weight": new["model.embed_tokens.weight"]}  # as in state_dict()
     engine.update_weights(with_head.items(), engine.weight_version + 1)
     engine.add_request("t", PROMPTS[2], types.SamplingParams(max_new_tokens=8, temperature=0.0))
-    seq = run(engine)[0]["t"]
+    seq = reference.run(engine)[0]["t"]
     torch.testing.assert_close(
-        torch.tensor(seq.logprobs), teacher_forced(ref, seq, 0.0, [new]), atol=TOL, rtol=0
+        torch.tensor(seq.logprobs), reference.teacher_forced(ref, seq, 0.0, [new]), atol=TOL, rtol=0
     )
 
 
@@ -363,7 +282,7 @@ def test_torch_and_vllm_agree_on_greedy_outputs(
     for eng in (torch_engine, vllm_engine):
         for i, prompt in enumerate(PROMPTS):
             eng.add_request(f"g{i}", prompt, types.SamplingParams(max_new_tokens=16, temperature=0.0))
-        outs.append(run(eng)[0])
+        outs.append(reference.run(eng)[0])
     a, b = outs
     agreed = 0
     for rid in a:
@@ -383,7 +302,7 @@ def test_a_failed_update_keeps_the_version_and_a_full_one_repairs_it(
     engine: base.GenerationEngine, ref: torch.nn.Module, original: dict[str, torch.Tensor]
 ) -> None:
     v0 = engine.weight_version
-    new = perturbed(original, seed=3)
+    new = reference.perturbed(original, seed=3)
     names = list(new)
     broken = [(n, new[n][..., :-1] if i == len(names) // 2 else new[n]) for i, n in enumerate(names)]
     with pytest.raises(Exception):  # noqa: B017 - each engine reports a bad shape its own way
@@ -391,10 +310,10 @@ def test_a_failed_update_keeps_the_version_and_a_full_one_repairs_it(
     assert engine.weight_version == v0
     engine.update_weights(new.items(), v0 + 1)
     engine.add_request("r", PROMPTS[0], types.SamplingParams(max_new_tokens=8, temperature=0.0))
-    seq = run(engine)[0]["r"]
+    seq = reference.run(engine)[0]["r"]
     assert seq.versions == [v0 + 1] * 8
     torch.testing.assert_close(
-        torch.tensor(seq.logprobs), teacher_forced(ref, seq, 0.0, [new]), atol=TOL, rtol=0
+        torch.tensor(seq.logprobs), reference.teacher_forced(ref, seq, 0.0, [new]), atol=TOL, rtol=0
     )
 
 
@@ -428,7 +347,7 @@ def test_weights_broadcast_by_the_trainer_land_in_flight(
             assert not t.is_alive(), "the sender did not finish"
 
     v0 = engine.weight_version
-    new = perturbed(original, seed=4)
+    new = reference.perturbed(original, seed=4)
     mid = list(new)[len(new) // 2]
     broken = {**new, mid: new[mid][..., :-1].contiguous()}
     engine.add_request("b", PROMPTS[2], types.SamplingParams(max_new_tokens=10, temperature=0.0))
@@ -447,7 +366,7 @@ def test_weights_broadcast_by_the_trainer_land_in_flight(
     finally:
         engine.leave_weight_group()
         bc.close()
-    seq = run(engine)[0]["b"]
+    seq = reference.run(engine)[0]["b"]
     assert seq.versions == [v0] * 2 + [v0 + 1] * 2 + [v0 + 3] * 6
-    expected = teacher_forced(ref, seq, 0.0, [original, new, original], (2, 4))
+    expected = reference.teacher_forced(ref, seq, 0.0, [original, new, original], (2, 4))
     torch.testing.assert_close(torch.tensor(seq.logprobs), expected, atol=TOL, rtol=0)
