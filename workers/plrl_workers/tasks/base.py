@@ -1,0 +1,142 @@
+"""What a task is (a deterministic, random-access prompt stream) and which tasks are built in.
+
+A task maps `(seed, split, prompt_id)` to one `Item`: the rendered prompt text and its reference
+answer. Being a pure function of the id (not of a stateful iterator) is what lets the coordinator
+re-lease a prompt after a generator dies and resume after a restart without replaying the stream.
+
+Neighbours: `tasks/arith.py` (the built-in tasks), `tasks/jsonl.py` (user datasets),
+`tasks/rewards.py` (how completions are scored), `tasks/warm_start.py` (SFT on `Item.answer`),
+the coordinator (consumes `to_prompts`), `plrl_operator.spec.TaskSpec` (what a user writes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import itertools
+import pathlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from plrl_operator import spec
+
+from plrl_workers import types
+
+if TYPE_CHECKING:
+    import transformers
+
+Split = Literal["train", "eval"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One task prompt: `text` is exactly what the model sees (before BOS), `answer` the reference."""
+
+    prompt_id: int
+    text: str
+    answer: str
+
+
+class Task(Protocol):
+    """A source of prompts. `item` must be a pure function of its arguments."""
+
+    @property
+    def name(self) -> str:
+        """Short name used in logs and run directories (`arith`, `jsonl:<file>`)."""
+        ...
+
+    @property
+    def default_reward(self) -> str:
+        """The reward (`builtin:<name>` or `pkg.module:function`) this task is meant to be scored with."""
+        ...
+
+    def item(self, seed: int, prompt_id: int, split: Split = "train") -> Item:
+        """The prompt numbered `prompt_id` (>= 0) of the stream for `seed` and `split`."""
+        ...
+
+
+class TaskError(ValueError):
+    """A task that cannot be used; the message names the spec field (`task.name`, `task.dataset`)."""
+
+
+# builtin name -> "module:factory"; imported lazily so listing tasks stays cheap.
+BUILTIN_TASKS: dict[str, str] = {
+    "arith": "plrl_workers.tasks.arith:ArithTask",
+    "reverse": "plrl_workers.tasks.arith:ReverseTask",
+}
+
+
+def builtin(name: str) -> Task:
+    """The built-in task called `name` (without the `builtin:` prefix)."""
+    if name not in BUILTIN_TASKS:
+        known = ", ".join(f"builtin:{n}" for n in sorted(BUILTIN_TASKS))
+        raise TaskError(f"task.name: unknown builtin task 'builtin:{name}' (known: {known})")
+    module, factory = BUILTIN_TASKS[name].split(":")
+    task: Task = getattr(importlib.import_module(module), factory)()
+    return task
+
+
+def from_spec(task_spec: spec.TaskSpec, base_dir: str | pathlib.Path = ".") -> Task:
+    """The task a job asks for. Relative dataset paths are resolved against `base_dir` (the job file's)."""
+    if task_spec.name.startswith("builtin:"):
+        return builtin(task_spec.name.removeprefix("builtin:"))
+    from plrl_workers.tasks import jsonl
+
+    ds = task_spec.dataset
+    if ds is None or ds.path is None:
+        # A ConfigMap is mounted as a file by the operator; locally there is nothing to mount.
+        raise TaskError("task.dataset.path: required to read a jsonl task on this machine")
+    path = pathlib.Path(ds.path)
+    if not path.is_absolute():
+        path = pathlib.Path(base_dir) / path
+    return jsonl.load(path)
+
+
+def stream(task: Task, seed: int, split: Split = "train", start: int = 0) -> Iterator[Item]:
+    """The endless prompt stream from `start` on (prompt ids `start`, `start + 1`, ...)."""
+    for i in itertools.count(start):
+        yield task.item(seed, i, split)
+
+
+def take(task: Task, seed: int, n: int, split: Split = "train", start: int = 0) -> list[Item]:
+    """The first `n` items of the stream from `start`."""
+    return list(itertools.islice(stream(task, seed, split, start), n))
+
+
+def prompt_token_ids(tokenizer: transformers.PreTrainedTokenizerBase, text: str) -> tuple[int, ...]:
+    """BOS + the prompt's tokens: the one place that decides how a prompt is tokenised.
+
+    Warm start, generators and evaluation all go through here, so the model always sees the
+    prompt the same way it was taught.
+    """
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    bos = tokenizer.bos_token_id
+    return tuple(([bos] if bos is not None else []) + list(ids))
+
+
+def to_prompt(item: Item, tokenizer: transformers.PreTrainedTokenizerBase) -> types.Prompt:
+    """An `Item` as the coordinator leases it: with token ids."""
+    return types.Prompt(
+        prompt_id=item.prompt_id,
+        text=item.text,
+        answer=item.answer,
+        token_ids=prompt_token_ids(tokenizer, item.text),
+    )
+
+
+def to_prompts(
+    task: Task,
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    seed: int,
+    split: Split = "train",
+    start: int = 0,
+) -> Iterator[types.Prompt]:
+    """The endless stream of leasable prompts from `start` on."""
+    for item in stream(task, seed, split, start):
+        yield to_prompt(item, tokenizer)
+
+
+def completion_text(tokenizer: transformers.PreTrainedTokenizerBase, token_ids: list[int]) -> str:
+    """What a reward function sees: the completion's text without EOS/padding."""
+    text: str = tokenizer.decode(token_ids, skip_special_tokens=True)
+    return text
