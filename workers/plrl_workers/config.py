@@ -82,19 +82,24 @@ class Identity:
     local_rank: int
     token: str
     bind_host: str
+    metrics_port: int | None = None
 
     @staticmethod
     def from_env(cfg: WorkerConfig, env: Mapping[str, str] | None = None) -> Identity:
         env = os.environ if env is None else env
         token = env.get(cfg.token_env, "")
         if not token:
-            raise RuntimeError(f"the RPC token env var {cfg.token_env} is empty; refusing to start unauthenticated")
+            raise RuntimeError(
+                f"the RPC token env var {cfg.token_env} is empty; refusing to start unauthenticated"
+            )
         return Identity(
             pod_index=int(env.get("PLRL_POD_INDEX", "0")),
             local_rank=int(env.get("PLRL_LOCAL_RANK", "0")),
             token=token,
             # A local pod gets its own 127.0.0.x; in a cluster every pod listens on all interfaces.
             bind_host=env.get("PLRL_BIND_HOST", "0.0.0.0"),
+            # Pods each own an IP; local processes share one, so `plrl run` gives each its own port.
+            metrics_port=int(env["PLRL_METRICS_PORT"]) if env.get("PLRL_METRICS_PORT") else None,
         )
 
 

@@ -53,7 +53,11 @@ class Supervisor:
         logf = spec.log_path.open("ab")
         env = {**os.environ, **spec.env}
         proc = subprocess.Popen(
-            spec.argv, env=env, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            spec.argv,
+            env=env,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         logf.close()
