@@ -197,7 +197,9 @@ def _step(
     i, n = obs.generators, p.n_gpus
 
     def predicted_ratio(a: int) -> float:
-        return min(1.0, per_train * (n - a) / (per_gen * a))
+        gen_rate = per_gen * a
+        # A rate so small it underflows means generators produce nothing: any trainer is idle.
+        return 1.0 if gen_rate <= 0.0 else min(1.0, per_train * (n - a) / gen_rate)
 
     def throughput(a: int) -> float:
         return min(per_gen * a, per_train * (n - a))
