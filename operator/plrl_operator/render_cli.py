@@ -18,7 +18,10 @@ from plrl_operator.policy import planner
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (the ConfigMap's JSON files) as readable `|` blocks."""
+    """Multi-line strings (the ConfigMap's JSON files) as readable `|` blocks; no YAML aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:

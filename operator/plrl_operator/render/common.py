@@ -174,7 +174,7 @@ def gpu_affinity(job: spec_mod.JobSpec) -> dict[str, Any]:
     required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.get("nodeSelectorTerms") or [{}]
     for term in terms:
-        term["matchExpressions"] = [*term.get("matchExpressions", []), gpu_expr]
+        term["matchExpressions"] = [*term.get("matchExpressions", []), dict(gpu_expr)]
     required["nodeSelectorTerms"] = terms
     return affinity
 
