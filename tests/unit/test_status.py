@@ -161,8 +161,13 @@ def test_a_flip_moves_the_transition_time_of_that_condition_only() -> None:
 
 
 def test_coordinator_lease_fills_progress() -> None:
-    report = {"step": 42, "weightVersion": 42, "lag": {"mean": 1.5, "max": 4}, "reward": 0.62,
-              "throughput": {"generatedTokensPerSecond": 900.0, "trainedTokensPerSecond": 850.0, "ratio": 0.94}}  # fmt: skip
+    report = {
+        "step": 42,
+        "weightVersion": 42,
+        "lag": {"mean": 1.5, "max": 4},
+        "reward": 0.62,
+        "throughput": {"generatedTokensPerSecond": 900.0, "trainedTokensPerSecond": 850.0, "ratio": 0.94},
+    }
     lease = {
         "metadata": {
             "name": "demo-demo-trainer-0",
