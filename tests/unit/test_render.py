@@ -28,6 +28,7 @@ UID = "6a1c1f8e-3b1d-4a57-9a61-2f0c5d7e9b10"
 def _example() -> spec.PipelineRLJob:
     job = spec.load_job(ROOT / "examples" / "job.yaml")
     job.metadata.uid = UID
+    job.metadata.namespace = "default"
     return job
 
 
@@ -105,6 +106,12 @@ def test_golden(name: str, make: Any, generators: int) -> None:
     if os.environ.get("PLRL_UPDATE_GOLDEN"):
         path.write_text(text)
     assert text == path.read_text(), f"render output changed; review and regenerate {path.name}"
+
+
+def test_example_job_is_valid_and_sized_as_documented() -> None:
+    job = spec.load_job(ROOT / "examples" / "job.yaml")
+    assert job.spec.resources.total_gpus == 16 and job.spec.pipeline.generators == 6
+    assert job.metadata.namespace is None  # `kubectl apply -n NS` must be able to place it
 
 
 def test_render_is_deterministic_and_does_not_mutate_the_job() -> None:
