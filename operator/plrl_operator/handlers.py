@@ -250,7 +250,7 @@ async def _write_status(
     _update_phase_gauge()
     if not status.changed(previous, new):
         return
-    await asyncio.to_thread(client().patch_status, ns, name, status.dump(new))
+    await asyncio.to_thread(client().patch_status, ns, name, status.patch(new))
     metrics.STATUS_WRITES.inc()
     _post_transitions(body, previous, new)
 

@@ -288,6 +288,12 @@ def dump(status: JobStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+def patch(status: JobStatus) -> dict[str, Any]:
+    """The status as a merge patch: fields that became empty are sent as null, so they are removed."""
+    cleared: dict[str, Any] = {f.alias or name: None for name, f in JobStatus.model_fields.items()}
+    return {**cleared, **dump(status)}
+
+
 def changed(old: JobStatus, new: JobStatus) -> bool:
     """Whether writing `new` would change anything (transition times are kept by compute_status)."""
     return dump(old) != dump(new)

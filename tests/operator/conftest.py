@@ -1,7 +1,7 @@
 """Fixtures for the operator tests: the chart installed into the control plane, and the operator
 running as a local process with the chart's ServiceAccount credentials (never as admin).
 
-- `chart` (module): `helm install` of helm/pipelinerl-operator (cluster-wide watch, peering on,
+- `chart` (session): `helm install` of helm/pipelinerl-operator (cluster-wide watch, peering on,
   replicaCount 0: the local process stands in for the Deployment's pod).
 - `operator` (module): `python -m plrl_operator` with a kubeconfig holding only a TokenRequest
   token of the chart's ServiceAccount, the Deployment's own flags, free ports for /metrics and
@@ -55,7 +55,7 @@ class Chart:
     service_account: str
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chart(control_plane: controlplane.Cluster) -> Iterator[Chart]:
     helm = tools.bind(binaries.ensure().helm, control_plane.kubeconfig)
     helm(

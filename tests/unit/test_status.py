@@ -185,6 +185,8 @@ def test_coordinator_lease_fills_progress() -> None:
     assert s.throughput is not None and s.throughput.trained_tokens_per_second == 850.0
     dumped = status.dump(s)
     assert dumped["throughput"]["trainedTokensPerSecond"] == 850.0 and "completionTime" not in dumped
+    assert status.patch(s)["completionTime"] is None  # a merge patch removes what is no longer set
+    assert status.patch(s)["step"] == 42
 
 
 def test_finished_report_succeeds_the_job() -> None:
