@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.infra import tools
 
-from tests.operator import conftest
+from tests.infra import tools
+from tests.operator import support
 
 pytestmark = pytest.mark.cluster
 NAMESPACED = ("--set", "watch.namespaces={team-a,team-b}")
 
 
 def _template(helm: tools.Tool, *args: str) -> list[dict[str, Any]]:
-    out = helm("template", "plrl", str(conftest.CHART), "--namespace", "plrl-system", *args).stdout
+    out = helm("template", "plrl", str(support.CHART), "--namespace", "plrl-system", *args).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -33,7 +33,7 @@ def _kinds(docs: list[dict[str, Any]]) -> dict[tuple[str, str | None], dict[str,
 
 @pytest.mark.parametrize("values", [(), NAMESPACED, ("--set", "peering.enabled=false,metrics.enabled=false")])
 def test_helm_lint(helm: tools.Tool, values: tuple[str, ...]) -> None:
-    out = helm("lint", "--strict", str(conftest.CHART), *values)
+    out = helm("lint", "--strict", str(support.CHART), *values)
     assert "0 chart(s) failed" in out.stdout
 
 
@@ -80,7 +80,7 @@ def test_template_namespaced(helm: tools.Tool) -> None:
     assert args[:2] == ["--namespace=team-a", "--namespace=team-b"]
 
 
-def test_installed_crd_and_service_account_permissions(chart: conftest.Chart, kubectl: tools.Tool) -> None:
+def test_installed_crd_and_service_account_permissions(chart: support.Chart, kubectl: tools.Tool) -> None:
     explain = kubectl("explain", "plrljob.spec.training.batchSize").stdout
     assert "B: samples per optimizer step" in explain
     assert "plrljob" in kubectl("api-resources", "--api-group=pipelinerl.io").stdout

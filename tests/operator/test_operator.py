@@ -18,10 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tests.infra import nodes, tools
 
-from tests.operator import conftest
-from tests.operator.conftest import eventually
+from tests.infra import nodes, tools
+from tests.operator import support
+from tests.operator.support import eventually
 
 pytestmark = pytest.mark.cluster
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -81,11 +81,11 @@ def _volumes(kubectl: tools.Tool, ns: str) -> None:
                 },
             },
         ]
-    kubectl("apply", "-f", "-", input="\n---\n".join(conftest.dump(d) for d in docs))
+    kubectl("apply", "-f", "-", input="\n---\n".join(support.dump(d) for d in docs))
 
 
 def test_example_job_runs_on_matching_gpu_nodes(
-    operator: conftest.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
 ) -> None:
     taint = nodes.Taint("nvidia.com/gpu", "", "NoSchedule")
     pool = gpu_nodes(3, taints=(taint,))  # 24 x H100, tainted: only pods that tolerate it land here
@@ -159,11 +159,11 @@ def test_example_job_runs_on_matching_gpu_nodes(
 
 
 def test_too_few_gpus_stays_pending_and_says_why(
-    operator: conftest.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
 ) -> None:
     pool = gpu_nodes(1, gpus=3)  # the job needs 4
-    doc = conftest.small_job("starved", resources={"nodeSelector": {nodes.POOL_LABEL: pool.name}})
-    kubectl("apply", "-n", namespace, "-f", "-", input=conftest.dump(doc))
+    doc = support.small_job("starved", resources={"nodeSelector": {nodes.POOL_LABEL: pool.name}})
+    kubectl("apply", "-n", namespace, "-f", "-", input=support.dump(doc))
 
     def unschedulable() -> dict[str, Any] | None:
         s = _status(kubectl, namespace, "starved")
@@ -192,10 +192,10 @@ def _running_small_job(
     kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool], name: str, **spec: Any
 ) -> dict[str, Any]:
     pool = gpu_nodes(1)
-    doc = conftest.small_job(
+    doc = support.small_job(
         name, resources={"totalGPUs": 6, "nodeSelector": {nodes.POOL_LABEL: pool.name}}, **spec
     )
-    kubectl("apply", "-n", namespace, "-f", "-", input=conftest.dump(doc))
+    kubectl("apply", "-n", namespace, "-f", "-", input=support.dump(doc))
     eventually(_phase_is(kubectl, namespace, name, "Running", ready="4/4"), 60, f"{name} Running")
     return doc
 
@@ -207,7 +207,7 @@ def _replicas(kubectl: tools.Tool, ns: str, job: str) -> tuple[int, int]:
 
 
 def test_edit_rolls_into_both_statefulsets(
-    operator: conftest.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
 ) -> None:
     _running_small_job(kubectl, namespace, gpu_nodes, "edited")
     assert _replicas(kubectl, namespace, "edited") == (2, 2)
@@ -235,7 +235,7 @@ def test_edit_rolls_into_both_statefulsets(
 
 
 def test_suspend_and_resume(
-    operator: conftest.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
 ) -> None:
     _running_small_job(kubectl, namespace, gpu_nodes, "pausable")
     kubectl(
@@ -271,7 +271,7 @@ def _versions(kubectl: tools.Tool, ns: str, job: str) -> dict[str, str]:
 
 
 def test_steady_job_and_operator_restart_issue_no_writes(
-    operator: conftest.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
 ) -> None:
     _running_small_job(kubectl, namespace, gpu_nodes, "steady")
     time.sleep(3)  # let the last status write and the StatefulSet controller settle
@@ -289,7 +289,7 @@ def test_steady_job_and_operator_restart_issue_no_writes(
 
 
 def test_delete_leaves_nothing_behind(
-    operator: conftest.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
 ) -> None:
     _running_small_job(kubectl, namespace, gpu_nodes, "doomed")
     assert (

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 from plrl_operator import spec
-from tests.infra import tools
 
-from tests.operator import conftest
+from tests.infra import tools
+from tests.operator import support
 
 pytestmark = pytest.mark.cluster
 
 CASES: list[tuple[str, dict[str, Any], str, str]] = [
-    # (case, spec overrides on conftest.small_job, field named, words of the reason)
+    # (case, spec overrides on support.small_job, field named, words of the reason)
     (
         "gen-ge-n",
         {"pipeline": {"generators": 4}},
@@ -102,7 +102,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
 
 @pytest.mark.parametrize(("case", "overrides", "field", "reason"), CASES, ids=[c[0] for c in CASES])
 def test_invalid_job_is_refused_naming_the_field(
-    chart: conftest.Chart,
+    chart: support.Chart,
     kubectl: tools.Tool,
     namespace: str,
     case: str,
@@ -110,8 +110,8 @@ def test_invalid_job_is_refused_naming_the_field(
     field: str,
     reason: str,
 ) -> None:
-    doc = conftest.small_job(f"bad-{case}", **overrides)
-    out = kubectl("apply", "-n", namespace, "-f", "-", input=conftest.dump(doc), check=False)
+    doc = support.small_job(f"bad-{case}", **overrides)
+    out = kubectl("apply", "-n", namespace, "-f", "-", input=support.dump(doc), check=False)
     assert out.returncode != 0, f"accepted: {out.stdout}"
     assert field in out.stderr and reason in out.stderr, out.stderr
     assert "NotFound" in kubectl("get", "plrljob", f"bad-{case}", "-n", namespace, check=False).stderr
@@ -120,18 +120,18 @@ def test_invalid_job_is_refused_naming_the_field(
 
 
 def test_name_longer_than_children_allow_is_refused(
-    chart: conftest.Chart, kubectl: tools.Tool, namespace: str
+    chart: support.Chart, kubectl: tools.Tool, namespace: str
 ) -> None:
-    doc = conftest.small_job("x" * 41)
-    out = kubectl("apply", "-n", namespace, "-f", "-", input=conftest.dump(doc), check=False)
+    doc = support.small_job("x" * 41)
+    out = kubectl("apply", "-n", namespace, "-f", "-", input=support.dump(doc), check=False)
     assert out.returncode != 0 and "metadata.name" in out.stderr and "40" in out.stderr, out.stderr
     with pytest.raises(spec.JobFileError, match=r"metadata\.name"):
         spec.parse_job(doc)
 
 
-def test_the_valid_base_job_is_accepted(chart: conftest.Chart, kubectl: tools.Tool, namespace: str) -> None:
+def test_the_valid_base_job_is_accepted(chart: support.Chart, kubectl: tools.Tool, namespace: str) -> None:
     """The cases above differ from an accepted job only by their one fault."""
     out = kubectl(
-        "apply", "-n", namespace, "--dry-run=server", "-f", "-", input=conftest.dump(conftest.small_job("ok"))
+        "apply", "-n", namespace, "--dry-run=server", "-f", "-", input=support.dump(support.small_job("ok"))
     )
     assert "created (server dry run)" in out.stdout
