@@ -119,6 +119,7 @@ def test_example_job_runs_on_matching_gpu_nodes(
     assert len(placed) == 11
     assert set(placed.values()) <= set(pool.nodes), placed
     assert not set(placed.values()) & set(decoy.nodes)
+    kubectl("delete", "pv", f"{namespace}-plrl-models", f"{namespace}-plrl-checkpoints", "--wait=false")
 
     table = kubectl("get", "plrljobs", "-n", namespace).stdout.splitlines()
     assert table[0].split() == ["NAME", "PHASE", "GEN", "TRAIN", "STEP", "LAG", "REWARD", "TOK/S", "AGE"]
@@ -274,6 +275,12 @@ def test_steady_job_and_operator_restart_issue_no_writes(
     operator: support.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
 ) -> None:
     _running_small_job(kubectl, namespace, gpu_nodes, "steady")
+
+    def alone() -> bool:  # earlier tests' jobs are still being deleted with their namespaces
+        jobs = (_get(kubectl, "plrljobs", "-A") or {"items": []})["items"]
+        return [j["metadata"]["namespace"] for j in jobs] == [namespace]
+
+    eventually(alone, 90, "other tests' jobs to be gone, so every write counted is this job's")
     time.sleep(3)  # let the last status write and the StatefulSet controller settle
     before, writes = _versions(kubectl, namespace, "steady"), operator.writes()
     time.sleep(4)  # four timer ticks
