@@ -4,8 +4,8 @@ The spec schema comes from `plrl_operator.spec.JobSpec` and the status schema fr
 `plrl_operator.status.JobStatus`; this module only translates pydantic's JSON Schema into a
 Kubernetes structural schema (OpenAPI v3.0 subset): `$ref`s inlined, `Optional` unwrapped,
 exclusive bounds in the v3.0 form, free-form maps marked `x-kubernetes-preserve-unknown-fields`,
-and `default: {}` on nested groups so the API server fills their defaults before the CEL rules
-(`x-kubernetes-validations`, written next to the pydantic validators) see them.
+and fully defaulted `default`s on always-present groups so the API server fills them in before
+the CEL rules (`x-kubernetes-validations`, written next to the pydantic validators) see them.
 
 The output is committed as `crds/pipelinerl.io_pipelinerljobs.yaml` and in the chart's `crds/`;
 `make crds` regenerates both and `tests/unit/test_crd.py` fails on drift.
@@ -129,12 +129,21 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         for name, sub in out["properties"].items():
             child = structural(sub, defs)
             is_group = child.get("type") == "object" and "properties" in child
-            # A required-by-default nested group gets `{}` so its own defaults apply.
             if is_group and name not in required and "default" not in child and "anyOf" not in sub:
-                child["default"] = {}
+                child["default"] = group_default(child)
             props[name] = child
         out["properties"] = props
     return _ordered(out)
+
+
+def group_default(node: dict[str, Any]) -> dict[str, Any]:
+    """The fully defaulted value of an always-present group (its children's defaults, recursively).
+
+    Not `{}`: the API server checks a default against the group's CEL rules as it stands, before
+    nested defaults apply, and rules such as `self.timeoutSeconds > self.intervalSeconds` need
+    the fields. Children are converted first, so nested groups already carry their own default.
+    """
+    return {k: copy.deepcopy(v["default"]) for k, v in node.get("properties", {}).items() if "default" in v}
 
 
 _ORDER = ("description", "type", "enum", "default", "properties", "required", "items")
@@ -172,7 +181,7 @@ def build() -> dict[str, Any]:
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object", "properties": {"name": name_schema}},
-            "spec": {**spec_schema, "default": {}},
+            "spec": {**spec_schema, "default": group_default(spec_schema)},
             "status": status_schema,
         },
     }

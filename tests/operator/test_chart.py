@@ -23,7 +23,9 @@ NAMESPACED = ("--set", "watch.namespaces={team-a,team-b}")
 
 
 def _template(helm: tools.Tool, *args: str) -> list[dict[str, Any]]:
-    out = helm("template", "plrl", str(support.CHART), "--namespace", "plrl-system", *args).stdout
+    out = helm(
+        "template", "plrl", str(support.CHART), "--namespace", "plrl-system", "--kube-version=1.37.0", *args
+    ).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 

@@ -123,9 +123,12 @@ def test_bounds_enums_and_defaults_carry_over() -> None:
     assert p[".spec.resources.affinity"]["x-kubernetes-preserve-unknown-fields"] is True
     assert p[".spec.resources.nodeSelector"]["additionalProperties"] == {"type": "string"}
     assert p[".metadata.name"]["maxLength"] == 40
-    # Optional groups have no default (absent stays absent); required-by-default groups get {}.
+    # Optional groups have no default (absent stays absent); always-present groups are fully defaulted
+    # (the API server checks defaults against the group's CEL rules before nested defaults apply).
     assert "default" not in p[".spec.model.volume"]
-    assert p[".spec.pipeline.autoscale"]["default"] == {}
+    autoscale = spec.AutoscaleSpec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert p[".spec.pipeline.autoscale"]["default"] == autoscale
+    assert p[".spec"]["default"]["heartbeat"] == {"intervalSeconds": 5.0, "timeoutSeconds": 30.0}
     assert "default" not in p[".spec.pipeline.generators"]
 
 
