@@ -69,22 +69,23 @@ class Operator:
         self.starts += 1
         self.log = self.log_dir / f"operator-{self.starts}.log"
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "plrl_operator",
-                "--all-namespaces",
-                f"--peering={PEERING}",
-                f"--metrics-port={self.metrics_port}",
-                f"--liveness-port={self.liveness_port}",
-                "--status-interval=1",
-            ],
-            stdout=self.log.open("wb"),
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-        )
+        with self.log.open("wb") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "plrl_operator",
+                    "--all-namespaces",
+                    f"--peering={PEERING}",
+                    f"--metrics-port={self.metrics_port}",
+                    f"--liveness-port={self.liveness_port}",
+                    "--status-interval=1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=ROOT,
+            )
         eventually(self._healthy, 60, f"the operator's /healthz (log: {self.log})")
 
     def _healthy(self) -> bool:
