@@ -28,6 +28,7 @@ from plrl_operator import events, k8s, metrics, phases, render, settings, status
 from plrl_operator import spec as spec_mod
 from plrl_operator.render import common
 
+LOG = logging.getLogger("plrl_operator")
 CONFIG = settings.from_env()
 GROUP, VERSION, PLURAL = spec_mod.API_GROUP, spec_mod.API_VERSION, spec_mod.PLURAL
 _CLIENT: k8s.Client | None = None
@@ -187,7 +188,6 @@ async def _reconcile(
     body: kopf.Body,
     memo: kopf.Memo,
     children: status.Children,
-    logger: kopf.Logger,
     force_sync: bool = True,
 ) -> None:
     metrics.RECONCILES.labels(trigger=trigger).inc()
@@ -200,7 +200,7 @@ async def _reconcile(
             written, applied = await asyncio.to_thread(_sync, job, generators)
             memo["applied"] = applied
             if written:
-                logger.info(f"{trigger}: wrote {', '.join(written)}")
+                LOG.info("%s %s/%s: wrote %s", trigger, job.metadata.namespace, job.metadata.name, written)
                 if trigger in ("create", "update"):
                     reason = events.CREATED if trigger == "create" else events.UPDATED
                     kopf.info(
@@ -281,23 +281,23 @@ def _update_phase_gauge() -> None:
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
-async def on_create(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any) -> None:
-    await _reconcile("create", body, memo, _children(body, kwargs), logger)
+async def on_create(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _reconcile("create", body, memo, _children(body, kwargs))
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", field="spec")
-async def on_update(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any) -> None:
-    await _reconcile("update", body, memo, _children(body, kwargs), logger)
+async def on_update(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _reconcile("update", body, memo, _children(body, kwargs))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
-async def on_resume(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any) -> None:
-    await _reconcile("resume", body, memo, _children(body, kwargs), logger)
+async def on_resume(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _reconcile("resume", body, memo, _children(body, kwargs))
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, id="refresh", interval=CONFIG.status_interval, initial_delay=1.0)
-async def refresh(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any) -> None:
-    await _reconcile("timer", body, memo, _children(body, kwargs), logger, force_sync=False)
+async def refresh(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _reconcile("timer", body, memo, _children(body, kwargs), force_sync=False)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -315,6 +315,10 @@ def run(config: settings.OperatorConfig) -> None:
     global CONFIG
     CONFIG = config
     kopf.configure(verbose=False)
+    # kopf logs every handler and timer success at INFO (a line per job per tick); ours says what changed.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("plrl_operator").setLevel(logging.INFO)
     kopf.run(
         clusterwide=config.clusterwide,
         namespaces=config.namespaces,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 import urllib.parse
 from typing import Any
 
@@ -45,6 +46,7 @@ CHILD_KINDS: dict[str, Kind] = {
     "Service": Kind("v1", "services"),
     "StatefulSet": Kind("apps/v1", "statefulsets"),
 }
+LOG = logging.getLogger(__name__)
 JOB_KIND = Kind(f"{spec_mod.API_GROUP}/{spec_mod.API_VERSION}", spec_mod.PLURAL)
 POD_KIND = Kind("v1", "pods")
 LEASE_KIND = Kind("coordination.k8s.io/v1", "leases")
@@ -102,6 +104,8 @@ class Client:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         metrics.API_REQUESTS.labels(verb=method, kind=kind).inc()
+        if method != "GET":
+            LOG.info("write: %s %s %s", method, kind, path)  # one line per write, with its namespace
         url_path = path + ("?" + urllib.parse.urlencode(query) if query else "")
         m, url, headers, data, _ = self.api.param_serialize(
             method,

@@ -131,6 +131,14 @@ class Operator:
             if n == name and all(dict(ls).get(k) == want for k, want in labels.items())
         )
 
+    def writes_to(self, namespace: str) -> list[str]:
+        """Every write this process logged (plrl_operator.k8s: one line per write) into `namespace`."""
+        return [
+            line
+            for line in self.log.read_text(errors="replace").splitlines()
+            if "write: " in line and f"/namespaces/{namespace}/" in line
+        ]
+
     def writes(self) -> float:
         """API requests this process made that could change something (anything but GET)."""
         return sum(
