@@ -80,12 +80,14 @@ def main() -> None:
     rows.append(("warm build check", [timed(warm_build_check) for _ in range(args.runs)]))
 
     ready: list[float] = []
+    phases: list[dict[str, float]] = []
     pod: list[float] = []
     stop: list[float] = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as work:
             cp = controlplane.ControlPlane(pathlib.Path(work), plrl_k8s=exe)
             ready.append(timed(cp.start))
+            phases.append(cp.timings)
             try:
                 pod.append(first_pod_running(cp))
             finally:
@@ -95,6 +97,9 @@ def main() -> None:
     print(f"{'step':34} {'median s':>9} {'min s':>7} {'max s':>7}  runs")
     for name, xs in rows:
         print(f"{name:34} {statistics.median(xs):9.2f} {min(xs):7.2f} {max(xs):7.2f}  {len(xs)}")
+    print("start-up phases (median s since start):")
+    for phase in phases[0]:
+        print(f"  {phase:32} {statistics.median(p[phase] for p in phases if phase in p):9.2f}")
     print(f"warm start goal: < 30 s to ready -> {'met' if statistics.median(ready) < 30 else 'NOT met'}")
 
 

@@ -98,6 +98,8 @@ class ControlPlane:
         self.kubeconfig = self.work_dir / "admin.kubeconfig"
         self.api_port = 0
         self.server = ""
+        self.timings: dict[str, float] = {}  # start-up phase -> seconds since start() began
+        self._t0 = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -124,10 +126,15 @@ class ControlPlane:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _mark(self, phase: str) -> None:
+        self.timings[phase] = time.monotonic() - self._t0
+
     def _start(self) -> None:
+        self._t0 = time.monotonic()
         exe = self._plrl_k8s or binaries.ensure().plrl_k8s
         self.logs.mkdir(parents=True, exist_ok=True)
         _run([str(exe), "certs", "--dir", str(self.pki), "--service-ip", SERVICE_IP], self.logs / "certs.log")
+        self._mark("certs")
 
         etcd_port, peer_port = free_port(), free_port()
         self.api_port = free_port()
@@ -141,8 +148,7 @@ class ControlPlane:
                 lambda: _http_ok(f"http://127.0.0.1:{etcd_port}/health", None),
             )
         )  # fmt: skip
-        self._wait([self._components[-1]])
-
+        # The apiserver retries etcd until it answers, so both start at once.
         pki = self.pki
         self._launch(
             Component(
@@ -153,18 +159,38 @@ class ControlPlane:
                  f"--secure-port={self.api_port}",
                  f"--tls-cert-file={pki / 'apiserver.crt'}",
                  f"--tls-private-key-file={pki / 'apiserver.key'}",
-                 f"--client-ca-file={pki / 'ca.crt'}", f"--cert-dir={self.work_dir / 'apiserver'}",
+                 f"--client-ca-file={pki / 'ca.crt'}",
+                 # Published for the controller-manager's and scheduler's delegated authentication; no
+                 # client cert has the allowed name, so nobody can assert identities through headers.
+                 f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+                 "--requestheader-allowed-names=plrl-front-proxy",
+                 "--requestheader-username-headers=X-Remote-User",
+                 "--requestheader-group-headers=X-Remote-Group",
+                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                 f"--cert-dir={self.work_dir / 'apiserver'}",
                  f"--service-cluster-ip-range={SERVICE_CIDR}",
                  f"--service-account-issuer={self.server}",
                  f"--service-account-key-file={pki / 'sa.pub'}",
                  f"--service-account-signing-key-file={pki / 'sa.key'}",
-                 "--authorization-mode=RBAC", "--allow-privileged=true", "--profiling=false"],
+                 "--authorization-mode=RBAC",
+                 # Endpoints may not be loopback, and nothing in this cluster dials the kubernetes Service.
+                 "--endpoint-reconciler-type=none", "--allow-privileged=true", "--profiling=false"],
                 lambda: _http_ok(f"{self.server}/readyz", self._admin_tls()),
             )
         )  # fmt: skip
-        self._wait([self._components[-1]])
-
         self._write_kubeconfig(self.kubeconfig, "admin")
+        if self._node_agent:  # slowest to start (Python imports); it retries until the apiserver answers
+            (self.work_dir / "node-agent.ready").unlink(missing_ok=True)
+            self._launch(
+                Component(
+                    "node-agent",
+                    [sys.executable, "-m", "tests.infra.node_agent", f"--kubeconfig={self.kubeconfig}",
+                     f"--ready-file={self.work_dir / 'node-agent.ready'}"],
+                    lambda: (self.work_dir / "node-agent.ready").exists(),
+                )
+            )  # fmt: skip
+        self._wait(self._components[:2])
+
         kcm_cfg = self.work_dir / "controller-manager.kubeconfig"
         sched_cfg = self.work_dir / "scheduler.kubeconfig"
         self._write_kubeconfig(kcm_cfg, "controller-manager")
@@ -200,19 +226,10 @@ class ControlPlane:
                 lambda: _http_ok(f"https://127.0.0.1:{sched_port}/healthz", insecure),
             )
         )  # fmt: skip
-        if self._node_agent:
-            (self.work_dir / "node-agent.ready").unlink(missing_ok=True)
-            self._launch(
-                Component(
-                    "node-agent",
-                    [sys.executable, "-m", "tests.infra.node_agent", f"--kubeconfig={self.kubeconfig}",
-                     f"--ready-file={self.work_dir / 'node-agent.ready'}"],
-                    lambda: (self.work_dir / "node-agent.ready").exists(),
-                )
-            )  # fmt: skip
         self._wait(self._components[2:])
         # Pods are refused until their namespace's ServiceAccount exists (ServiceAccount admission).
         self._wait_for("the default ServiceAccount", self._default_sa_exists)
+        self._mark("default ServiceAccount")
         self._write_state()
 
     # -- processes -------------------------------------------------------------------------------
@@ -243,6 +260,7 @@ class ControlPlane:
                     raise ControlPlaneError(f"{c.name} exited with {c.proc.returncode}\n{self._tail(c.name)}")
                 if c.health():
                     pending.remove(c)
+                    self._mark(f"{c.name} healthy")
             if pending and time.monotonic() > deadline:
                 c = pending[0]
                 raise ControlPlaneError(
@@ -374,10 +392,12 @@ def _cmdline_mentions(pid: int, text: str) -> bool:
 
 
 def _die_with_parent() -> None:
-    """Runs in the child before exec: ask Linux to SIGTERM it when the parent (pytest) dies. Linux ties
-    this to the thread that forked, so start a non-detached ControlPlane from a long-lived thread."""
+    """Runs in the child before exec: ask Linux to SIGKILL it when the parent (pytest) dies. SIGKILL, not
+    SIGTERM: all components would get it at once, and an apiserver whose etcd is already gone does not
+    finish a graceful shutdown. Linux ties this to the thread that forked, so start a non-detached
+    ControlPlane from a long-lived thread."""
     pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 __all__ = ["Cluster", "ControlPlane", "ControlPlaneError", "free_port", "kubeconfig", "stop_recorded"]

@@ -201,7 +201,9 @@ class NodeAgent:
         self._resync_s = resync_s
         self._host_ip = host_ip
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._pods: dict[str, Pod] = {}  # uid -> latest pod seen on a fake node
+        # uid -> latest version of every pod bound to a node; only those on fake nodes are acted on, and
+        # a pod whose node is not yet known as fake is looked at again on the next resync.
+        self._pods: dict[str, Pod] = {}
         self._fake_nodes: set[str] = set()
         self._nodes_listed_at = 0.0
         self.synced = threading.Event()
@@ -222,14 +224,14 @@ class NodeAgent:
                 gone = self._pods.pop(obj["metadata"]["uid"], None)
                 if gone is not None:
                     self._runner.stop(gone)
-            elif self._is_fake(obj["spec"].get("nodeName", "")):
+            else:
                 self._pods[obj["metadata"]["uid"]] = obj
                 self._reconcile(obj)
         for pod in self._pods.values():
             self._runner.stop(pod)
 
     def _on_list(self, items: list[Pod]) -> None:
-        fresh = {p["metadata"]["uid"]: p for p in items if self._is_fake(p["spec"].get("nodeName", ""))}
+        fresh = {p["metadata"]["uid"]: p for p in items}
         for uid in self._pods.keys() - fresh.keys():
             self._runner.stop(self._pods[uid])
         self._pods = fresh
@@ -237,6 +239,7 @@ class NodeAgent:
             self._reconcile(pod)
 
     def _is_fake(self, node: str) -> bool:
+        # Relisted at most once a second: a burst of pods on a new node costs one list.
         if node and node not in self._fake_nodes and time.monotonic() - self._nodes_listed_at > 1.0:
             listed = self._core.list_node(label_selector=f"{nodes.FAKE_NODE_LABEL}=true")
             self._fake_nodes = {n.metadata.name for n in listed.items if n.metadata and n.metadata.name}
@@ -246,6 +249,8 @@ class NodeAgent:
     def _reconcile(self, pod: Pod) -> None:
         meta = pod["metadata"]
         try:
+            if not self._is_fake(pod["spec"].get("nodeName", "")):
+                return
             if meta.get("deletionTimestamp"):
                 self._runner.stop(pod)
                 self._delete(pod)
@@ -260,6 +265,11 @@ class NodeAgent:
         except exceptions.ApiException as e:
             if e.status not in (404, 409):
                 log.warning("pod %s/%s: %s %s", meta["namespace"], meta["name"], e.status, e.reason)
+        except (
+            urllib3.exceptions.HTTPError,
+            OSError,
+        ) as e:  # the apiserver went away; the next resync retries
+            log.warning("pod %s/%s: %s", meta["namespace"], meta["name"], e)
 
     def _delete(self, pod: Pod) -> None:
         meta = pod["metadata"]
