@@ -190,6 +190,16 @@ async def _reconcile(
     children: status.Children,
     force_sync: bool = True,
 ) -> None:
+    # One reconcile per job at a time: the timer must not re-apply what a create/update handler is
+    # still applying (it would see the children missing from the indexes and write them again).
+    lock: asyncio.Lock = memo.setdefault("lock", asyncio.Lock())
+    async with lock:
+        await _reconcile_locked(trigger, body, memo, children, force_sync)
+
+
+async def _reconcile_locked(
+    trigger: str, body: kopf.Body, memo: kopf.Memo, children: status.Children, force_sync: bool
+) -> None:
     metrics.RECONCILES.labels(trigger=trigger).inc()
     started = time.perf_counter()
     try:
