@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import random
 import sys
 
 from plrl_operator import settings
@@ -23,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     p.add_argument("--peering", default=base.peering, help="kopf peering name (several replicas, one active)")
     p.add_argument("--standalone", action="store_true", help="no peering: this process is the only one")
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=int(os.environ["PLRL_PRIORITY"]) if "PLRL_PRIORITY" in os.environ else None,
+        help="peering priority (highest live replica works); default: random, so replicas never tie",
+    )
     p.add_argument("--metrics-port", type=int, default=base.metrics_port, help="0 disables /metrics")
     p.add_argument("--liveness-port", type=int, default=base.liveness_port, help="0 disables /healthz")
     p.add_argument("--status-interval", type=float, default=base.status_interval, help="seconds")
@@ -32,12 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         base,
         namespaces=namespaces,
         peering=None if a.standalone else a.peering,
+        priority=a.priority if a.priority is not None else random.randint(1, 1_000_000),
         metrics_port=a.metrics_port,
         liveness_port=a.liveness_port,
         status_interval=a.status_interval,
     )
-    import os
-
     # The timer's interval is read when handlers is imported; make the flag visible to it.
     os.environ["PLRL_STATUS_INTERVAL"] = str(config.status_interval)
     from plrl_operator import handlers

@@ -334,5 +334,6 @@ def run(config: settings.OperatorConfig) -> None:
         namespaces=config.namespaces,
         standalone=config.peering is None,
         peering_name=config.peering,
+        priority=config.priority,
         liveness_endpoint=f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None,
     )

@@ -18,6 +18,10 @@ class OperatorConfig:
     peering: str | None = None
     """kopf peering object name, so several replicas elect one active; None runs standalone."""
 
+    priority: int = 0
+    """kopf peering priority: among live replicas the highest one works, the others pause. Equal
+    priorities make kopf pause every replica, so `__main__` picks a random one unless told."""
+
     metrics_port: int = 9090
     """Port of the Prometheus `/metrics` endpoint (0 disables it, e.g. in tests run in-process)."""
 
@@ -46,6 +50,7 @@ def from_env(env: dict[str, str] | None = None) -> OperatorConfig:
     return OperatorConfig(
         namespaces=_split(e.get("PLRL_NAMESPACES", "")),
         peering=e.get("PLRL_PEERING") or None,
+        priority=int(e.get("PLRL_PRIORITY", d.priority)),
         metrics_port=int(e.get("PLRL_METRICS_PORT", d.metrics_port)),
         liveness_port=int(e.get("PLRL_LIVENESS_PORT", d.liveness_port)),
         status_interval=float(e.get("PLRL_STATUS_INTERVAL", d.status_interval)),

@@ -57,8 +57,12 @@ def _free_port() -> int:
 class Operator:
     """`python -m plrl_operator` as a child process, authenticated as the chart's ServiceAccount."""
 
-    def __init__(self, kubeconfig: pathlib.Path, log_dir: pathlib.Path) -> None:
+    def __init__(
+        self, kubeconfig: pathlib.Path, log_dir: pathlib.Path, *args: str, name: str = "operator"
+    ) -> None:
         self.kubeconfig = kubeconfig
+        self.args = args
+        self.name = name
         self.log_dir = log_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = self.liveness_port = 0
@@ -67,7 +71,7 @@ class Operator:
     def start(self) -> None:
         self.metrics_port, self.liveness_port = _free_port(), _free_port()
         self.starts += 1
-        self.log = self.log_dir / f"operator-{self.starts}.log"
+        self.log = self.log_dir / f"{self.name}-{self.starts}.log"
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
         with self.log.open("wb") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
@@ -80,6 +84,7 @@ class Operator:
                     f"--metrics-port={self.metrics_port}",
                     f"--liveness-port={self.liveness_port}",
                     "--status-interval=1",
+                    *self.args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -3,10 +3,11 @@
 Cases: `kubectl apply -f examples/job.yaml` gives both StatefulSets with the right replicas, GPU
 requests, affinity and tolerations, every pod on a matching (tainted, right-product) fake GPU node
 and none on a decoy, the job Running, `kubectl get plrljobs` (and `-o wide`) showing the columns,
-`kubectl describe` showing conditions and events; too few GPUs leaves pods Pending and the job's
-condition says why; an edit of I and the image rolls into both StatefulSets; suspend scales both
-to zero and resume brings them back; a running job costs no writes, and an operator restart
-changes no object; deleting the job leaves no child behind.
+`kubectl describe` showing conditions and events, /metrics counting it; too few GPUs leaves pods
+Pending and the job's condition says why; an edit of I and the image rolls into both StatefulSets;
+suspend scales both to zero and resume brings them back; a running job costs no writes, and an
+operator restart changes no object; a second replica stays paused (kopf peering) and takes over when
+the first stops; deleting the job leaves no child behind.
 """
 
 from __future__ import annotations
@@ -150,6 +151,11 @@ def test_example_job_runs_on_matching_gpu_nodes(
     ):
         assert text in describe, describe
 
+    assert operator.total("plrl_operator_jobs", phase="Running") >= 1
+    assert operator.total("plrl_operator_reconciles_total", trigger="create") >= 1
+    assert operator.total("plrl_operator_reconcile_duration_seconds_count") >= 1
+    assert operator.total("plrl_operator_object_writes_total", kind="StatefulSet") >= 2
+
     secret = _get(kubectl, "secret", "qwen-math-token", "-n", namespace)
     assert secret is not None and len(secret["data"]["token"]) >= 40  # random, base64: not the placeholder
     can = kubectl(
@@ -290,6 +296,31 @@ def test_steady_job_and_operator_restart_issue_no_writes(
     assert operator.total("plrl_operator_reconciles_total", trigger="resume") >= 1
     assert operator.writes_to(namespace) == [], "the restarted operator wrote to this job's namespace"
     assert _versions(kubectl, namespace, "steady") == before, "the restarted operator changed an object"
+
+
+def test_two_replicas_one_active_and_failover(
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
+) -> None:
+    """kopf peering: a second replica with lower priority pauses, and takes over when the first stops."""
+    standby = support.Operator(operator.kubeconfig, operator.log_dir, "--priority=0", name="standby")
+    standby.start()
+    try:
+
+        def peers() -> int:
+            peering = _get(kubectl, "clusterkopfpeering", support.PEERING) or {}
+            return len(peering.get("status") or {})
+
+        eventually(lambda: peers() == 2, 30, "both replicas in the peering object")
+        _running_small_job(kubectl, namespace, gpu_nodes, "ha")
+        assert operator.writes_to(namespace) and not standby.writes_to(namespace), "the standby must pause"
+        operator.stop()  # a graceful exit removes its peering record: the standby resumes at once
+        eventually(lambda: peers() == 1, 30, "the stopped replica to leave the peering object")
+        kubectl("patch", "plrljob", "ha", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+        eventually(lambda: _replicas(kubectl, namespace, "ha") == (0, 0), 30, "the standby to act")
+        assert standby.writes_to(namespace)
+    finally:
+        operator.start()
+        standby.stop()
 
 
 def test_delete_leaves_nothing_behind(
