@@ -320,13 +320,21 @@ def _forget(type: str, body: kopf.Body, **_: Any) -> None:
 # --------------------------------------------------------------------------- entry point
 
 
+def _drop_routine(record: logging.LogRecord) -> bool:
+    """Keep kopf's object log for what matters (errors, peering pauses), not per-tick successes."""
+    if record.levelno > logging.INFO:
+        return True
+    message = record.getMessage()
+    return not (message.endswith(" succeeded.") or " is processed: " in message)
+
+
 def run(config: settings.OperatorConfig) -> None:
     """Run the operator until SIGINT/SIGTERM (blocking)."""
     global CONFIG
     CONFIG = config
     kopf.configure(verbose=False)
     # kopf logs every handler and timer success at INFO (a line per job per tick); ours says what changed.
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("kopf.objects").addFilter(_drop_routine)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     logging.getLogger("plrl_operator").setLevel(logging.INFO)
     kopf.run(

@@ -69,6 +69,7 @@ class Operator:
         self.starts = 0
 
     def start(self) -> None:
+        self.stop()  # never leave a previous process behind
         self.metrics_port, self.liveness_port = _free_port(), _free_port()
         self.starts += 1
         self.log = self.log_dir / f"{self.name}-{self.starts}.log"

@@ -311,16 +311,18 @@ def test_two_replicas_one_active_and_failover(
             return len(peering.get("status") or {})
 
         eventually(lambda: peers() == 2, 30, "both replicas in the peering object")
+        # kopf starts paused and stays so (silently) once it sees a live peer of higher priority.
         _running_small_job(kubectl, namespace, gpu_nodes, "ha")
         assert operator.writes_to(namespace) and not standby.writes_to(namespace), "the standby must pause"
         operator.stop()  # a graceful exit removes its peering record: the standby resumes at once
         eventually(lambda: peers() == 1, 30, "the stopped replica to leave the peering object")
+        eventually(lambda: "Resuming operations" in standby.log.read_text(), 30, "the standby to resume")
         kubectl("patch", "plrljob", "ha", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}')
         eventually(lambda: _replicas(kubectl, namespace, "ha") == (0, 0), 30, "the standby to act")
         assert standby.writes_to(namespace)
     finally:
-        operator.start()
         standby.stop()
+        operator.restart()
 
 
 def test_delete_leaves_nothing_behind(
