@@ -22,6 +22,8 @@ k8s_version="$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$MOD/go.mod")"
 helm_version="$(awk '$1 == "helm.sh/helm/v3" {print $2; exit}' "$MOD/go.mod")"
 [[ -n "$k8s_version" && -n "$helm_version" ]] || { echo "build-controlplane: versions not found in $MOD/go.mod" >&2; exit 1; }
 
+# The official Go tarball's place, for shells whose PATH lacks it.
+[[ -x /usr/local/go/bin/go ]] && PATH="$PATH:/usr/local/go/bin"
 export CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
 BUILD=(go build -trimpath -p "$(nproc)")
 # Version stamps the apiserver reports (kubectl version, helm's .Capabilities.KubeVersion).

@@ -37,6 +37,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             binaries.ensure()
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects, so `-m "not cluster"` sees the marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if CLUSTER_FIXTURE in getattr(item, "fixturenames", ()):

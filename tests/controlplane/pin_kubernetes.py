@@ -7,6 +7,8 @@ module needs `replace k8s.io/X => k8s.io/X v0.N.M` for each. The list changes be
 is read from the release's own go.mod (`go mod download -json`), never typed by hand.
 
 Usage: tests/controlplane/pin_kubernetes.py v1.37.2   (then commit go.mod and go.sum)
+helm is a `tool` of the same module (so it shares the compiled client-go); bump it with
+`cd tests/controlplane && go get -tool helm.sh/helm/v3/cmd/helm@vX.Y.Z && go mod tidy`.
 Neighbours: go.mod (rewritten here), scripts/build-controlplane.sh (builds what is pinned here).
 """
 

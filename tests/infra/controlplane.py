@@ -8,33 +8,27 @@ set), and the admin kubeconfig (client cert in system:masters) is written to <wo
     with ControlPlane(tmp_path).start() as cp:
         subprocess.run([kubectl, "--kubeconfig", cp.kubeconfig, "get", "ns"])
 
-Neighbours: binaries.py (builds plrl-k8s), node_agent.py (started here), nodes.py (fake GPU nodes),
-cluster.py (`make cluster-up`, which starts one detached and stops it from a later process).
+Neighbours: binaries.py (builds plrl-k8s), procs.py (process plumbing), node_agent.py (started here),
+nodes.py (fake GPU nodes), cluster.py (`make cluster-up`: starts one detached, stops it later).
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
-import ctypes
 import dataclasses
 import functools
 import json
 import os
 import pathlib
-import signal
-import socket
 import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 
 import yaml
 
-from tests.infra import binaries
+from tests.infra import binaries, procs
 
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR: the default/kubernetes Service
@@ -65,14 +59,6 @@ class ControlPlaneError(RuntimeError):
     """A component failed to start or become healthy; the message ends with the tail of its log."""
 
 
-def free_port() -> int:
-    """A loopback port that was free a moment ago (the component binds it right after)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class ControlPlane:
     """Starts and stops the control plane; see the module docstring."""
 
@@ -82,14 +68,17 @@ class ControlPlane:
         *,
         plrl_k8s: pathlib.Path | None = None,
         node_agent: bool = True,
+        node_runner: str = "status",
         detach: bool = False,
         start_timeout_s: float = 120.0,
     ) -> None:
-        """detach=True: the processes outlive this Python process (cluster-up); otherwise they get
-        SIGTERM when it dies, so a killed pytest leaves nothing running."""
+        """node_runner: the node agent's PodRunner (node_agent.RUNNERS; "status" marks pods Running).
+        detach=True: the processes outlive this Python process (cluster-up); otherwise they are
+        killed when it dies, so a killed pytest leaves nothing running."""
         self.work_dir = work_dir.resolve()
         self._plrl_k8s = plrl_k8s
         self._node_agent = node_agent
+        self._node_runner = node_runner
         self._detach = detach
         self._timeout = start_timeout_s
         self._components: list[Component] = []
@@ -115,7 +104,7 @@ class ControlPlane:
         """Stops every component, newest first (SIGTERM, then SIGKILL after 10 s)."""
         for c in reversed(self._components):
             if c.proc is not None:
-                _terminate(c.proc.pid, functools.partial(_exited, c.proc))
+                procs.terminate(c.proc.pid, functools.partial(procs.exited, c.proc))
                 c.proc.wait()
         self._components.clear()
         (self.work_dir / STATE_FILE).unlink(missing_ok=True)
@@ -133,11 +122,13 @@ class ControlPlane:
         self._t0 = time.monotonic()
         exe = self._plrl_k8s or binaries.ensure().plrl_k8s
         self.logs.mkdir(parents=True, exist_ok=True)
-        _run([str(exe), "certs", "--dir", str(self.pki), "--service-ip", SERVICE_IP], self.logs / "certs.log")
+        procs.run(
+            [str(exe), "certs", "--dir", str(self.pki), "--service-ip", SERVICE_IP], self.logs / "certs.log"
+        )
         self._mark("certs")
 
-        etcd_port, peer_port = free_port(), free_port()
-        self.api_port = free_port()
+        etcd_port, peer_port = procs.free_port(), procs.free_port()
+        self.api_port = procs.free_port()
         self.server = f"https://127.0.0.1:{self.api_port}"
         self._launch(
             Component(
@@ -145,7 +136,7 @@ class ControlPlane:
                 [str(exe), "etcd", f"--data-dir={self.work_dir / 'etcd'}",
                  f"--listen-client-url=http://127.0.0.1:{etcd_port}",
                  f"--listen-peer-url=http://127.0.0.1:{peer_port}"],
-                lambda: _http_ok(f"http://127.0.0.1:{etcd_port}/health", None),
+                lambda: procs.http_ok(f"http://127.0.0.1:{etcd_port}/health", None),
             )
         )  # fmt: skip
         # The apiserver retries etcd until it answers, so both start at once.
@@ -173,9 +164,12 @@ class ControlPlane:
                  f"--service-account-key-file={pki / 'sa.pub'}",
                  f"--service-account-signing-key-file={pki / 'sa.key'}",
                  "--authorization-mode=RBAC",
+                 # It taints every new Node not-ready until a node lifecycle controller sees a kubelet;
+                 # fake nodes have neither, and a taint lifted after creation races the scheduler.
+                 "--disable-admission-plugins=TaintNodesByCondition",
                  # Endpoints may not be loopback, and nothing in this cluster dials the kubernetes Service.
                  "--endpoint-reconciler-type=none", "--allow-privileged=true", "--profiling=false"],
-                lambda: _http_ok(f"{self.server}/readyz", self._admin_tls()),
+                lambda: procs.http_ok(f"{self.server}/readyz", self._admin_tls()),
             )
         )  # fmt: skip
         self._write_kubeconfig(self.kubeconfig, "admin")
@@ -185,7 +179,7 @@ class ControlPlane:
                 Component(
                     "node-agent",
                     [sys.executable, "-m", "tests.infra.node_agent", f"--kubeconfig={self.kubeconfig}",
-                     f"--ready-file={self.work_dir / 'node-agent.ready'}"],
+                     f"--ready-file={self.work_dir / 'node-agent.ready'}", f"--runner={self._node_runner}"],
                     lambda: (self.work_dir / "node-agent.ready").exists(),
                 )
             )  # fmt: skip
@@ -195,7 +189,7 @@ class ControlPlane:
         sched_cfg = self.work_dir / "scheduler.kubeconfig"
         self._write_kubeconfig(kcm_cfg, "controller-manager")
         self._write_kubeconfig(sched_cfg, "scheduler")
-        kcm_port, sched_port = free_port(), free_port()
+        kcm_port, sched_port = procs.free_port(), procs.free_port()
         insecure = ssl.create_default_context()
         insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # self-signed serving certs
         self._launch(
@@ -212,7 +206,7 @@ class ControlPlane:
                  f"--cluster-signing-cert-file={pki / 'ca.crt'}",
                  f"--cluster-signing-key-file={pki / 'ca.key'}",
                  f"--service-cluster-ip-range={SERVICE_CIDR}", "--profiling=false"],
-                lambda: _http_ok(f"https://127.0.0.1:{kcm_port}/healthz", insecure),
+                lambda: procs.http_ok(f"https://127.0.0.1:{kcm_port}/healthz", insecure),
             )
         )  # fmt: skip
         self._launch(
@@ -223,7 +217,7 @@ class ControlPlane:
                  f"--authorization-kubeconfig={sched_cfg}",
                  "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
                  f"--cert-dir={self.work_dir / 'scheduler'}", "--leader-elect=false", "--profiling=false"],
-                lambda: _http_ok(f"https://127.0.0.1:{sched_port}/healthz", insecure),
+                lambda: procs.http_ok(f"https://127.0.0.1:{sched_port}/healthz", insecure),
             )
         )  # fmt: skip
         self._wait(self._components[2:])
@@ -245,7 +239,7 @@ class ControlPlane:
             cwd=binaries.REPO,
             env=env,
             start_new_session=self._detach,
-            preexec_fn=None if self._detach else _die_with_parent,
+            preexec_fn=None if self._detach else procs.die_with_parent,
         )
         log.close()
         self._components.append(c)
@@ -298,7 +292,9 @@ class ControlPlane:
         return ctx
 
     def _default_sa_exists(self) -> bool:
-        return _http_ok(f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", self._admin_tls())
+        return procs.http_ok(
+            f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", self._admin_tls()
+        )
 
     def _write_kubeconfig(self, path: pathlib.Path, user: str) -> None:
         path.write_text(yaml.safe_dump(kubeconfig(self.server, self.pki, user)))
@@ -340,64 +336,11 @@ def stop_recorded(work_dir: pathlib.Path) -> list[str]:
     pids: dict[str, int] = json.loads(state_path.read_text())["pids"]
     stopped = []
     for name, pid in reversed(list(pids.items())):
-        if _cmdline_mentions(pid, str(work_dir.resolve())):
-            _terminate(pid, functools.partial(_gone, pid, str(work_dir.resolve())))
+        if procs.cmdline_mentions(pid, str(work_dir.resolve())):
+            procs.terminate(pid, functools.partial(procs.gone, pid, str(work_dir.resolve())))
             stopped.append(name)
     state_path.unlink()
     return stopped
 
 
-# -- helpers -------------------------------------------------------------------------------------
-
-
-def _run(argv: list[str], log: pathlib.Path) -> None:
-    with log.open("ab") as f:
-        subprocess.run(argv, check=True, stdout=f, stderr=subprocess.STDOUT, timeout=60)
-
-
-def _http_ok(url: str, ctx: ssl.SSLContext | None) -> bool:
-    try:
-        with urllib.request.urlopen(url, context=ctx, timeout=2) as r:
-            return bool(r.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _terminate(pid: int, gone: Callable[[], bool], grace_s: float = 10.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while not gone() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if not gone():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _exited(proc: subprocess.Popen[bytes]) -> bool:
-    return proc.poll() is not None
-
-
-def _gone(pid: int, work_dir: str) -> bool:
-    return not _cmdline_mentions(pid, work_dir)
-
-
-def _cmdline_mentions(pid: int, text: str) -> bool:
-    try:
-        cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-    except OSError:
-        return False
-    # A zombie has an empty cmdline: already gone for our purposes.
-    return text.encode() in cmdline
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: ask Linux to SIGKILL it when the parent (pytest) dies. SIGKILL, not
-    SIGTERM: all components would get it at once, and an apiserver whose etcd is already gone does not
-    finish a graceful shutdown. Linux ties this to the thread that forked, so start a non-detached
-    ControlPlane from a long-lived thread."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
-__all__ = ["Cluster", "ControlPlane", "ControlPlaneError", "free_port", "kubeconfig", "stop_recorded"]
+__all__ = ["Cluster", "ControlPlane", "ControlPlaneError", "kubeconfig", "stop_recorded"]

@@ -9,7 +9,8 @@ which is what scheduling and StatefulSet tests need. A runner that really starts
 command as a local process implements the same two methods: `sync` starts on first sight and reports
 exits on later calls (the agent calls it again every resync interval), `stop` kills.
 
-Run: python -m tests.infra.node_agent --kubeconfig K [--ready-file F]   (controlplane.py does this)
+Run: python -m tests.infra.node_agent --kubeconfig K [--ready-file F] [--runner status]
+(controlplane.py does this; a new runner registers in RUNNERS, chosen by ControlPlane(node_runner=...)).
 Neighbours: nodes.py (the nodes), controlplane.py (starts this process and waits for --ready-file).
 """
 
@@ -26,6 +27,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import urllib3
@@ -316,6 +318,10 @@ class NodeAgent:
                 rv = None
 
 
+# --runner NAME -> a factory given the agent's API client (a process runner reads ConfigMaps/Secrets).
+RUNNERS: dict[str, Callable[[client.CoreV1Api], PodRunner]] = {"status": lambda core: StatusOnlyRunner()}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -323,11 +329,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kubeconfig", required=True, type=pathlib.Path)
     parser.add_argument("--ready-file", type=pathlib.Path, help="written once the first pod list is handled")
     parser.add_argument("--resync-s", type=float, default=2.0)
+    parser.add_argument("--runner", choices=sorted(RUNNERS), default="status", help="how pods are run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     api = kube.api_client(args.kubeconfig)
-    agent = NodeAgent(client.CoreV1Api(api), StatusOnlyRunner(), resync_s=args.resync_s)
+    core = client.CoreV1Api(api)
+    agent = NodeAgent(core, RUNNERS[args.runner](core), resync_s=args.resync_s)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

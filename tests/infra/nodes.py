@@ -23,8 +23,9 @@ from tests.infra import kube
 
 FAKE_NODE_LABEL = "plrl.dev/fake-node"
 POOL_LABEL = "plrl.dev/pool"  # set by the gpu_nodes fixture: one value per group of nodes a test makes
-# Added by the TaintNodesByCondition admission plugin to every new Node; the node lifecycle controller
-# would lift it once the node is Ready, but that controller is off here (see controlplane.CONTROLLERS).
+# Added by the TaintNodesByCondition admission plugin to every new Node, and lifted by the node lifecycle
+# controller once the node is Ready. Our control plane runs neither; create() still lifts it, for a
+# cluster that has the plugin on.
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # kubectl logs/exec would dial this port on the node's loopback address; nothing listens there.
 KUBELET_PORT = 10250
