@@ -37,7 +37,7 @@ from prometheus_client import parser
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.infra import binaries, controlplane, kube, tokens  # noqa: E402
+from tests.infra import binaries, controlplane, kube, procs, tokens  # noqa: E402
 
 GROUP, VERSION, PLURAL = "pipelinerl.io", "v1alpha1", "pipelinerljobs"
 
@@ -107,7 +107,7 @@ def main() -> int:
         core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
         token = tokens.service_account_token(core, "plrl-system", "plrl-pipelinerl-operator")
         op_kubeconfig = tokens.token_kubeconfig(kubeconfig, token, work / "op.kubeconfig")
-        mport, lport = controlplane.free_port(), controlplane.free_port()
+        mport, lport = procs.free_port(), procs.free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "plrl_operator", "--all-namespaces", "--standalone",
              f"--metrics-port={mport}", f"--liveness-port={lport}"],

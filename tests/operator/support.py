@@ -22,7 +22,7 @@ import pytest
 import yaml
 from prometheus_client import parser
 
-from tests.infra import controlplane, tools
+from tests.infra import procs, tools
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "pipelinerl-operator"
@@ -51,7 +51,7 @@ class Chart:
 
 
 def _free_port() -> int:
-    return controlplane.free_port()
+    return procs.free_port()
 
 
 class Operator:
