@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv demo test lint typecheck unit crds crds-check lock controlplane cluster-up cluster-down bench clean
+.PHONY: venv demo test lint typecheck unit crds crds-check lock controlplane cluster-up cluster-down bench clean proto
 
 venv: $(VENV)/.plrl-stamp
 $(VENV)/.plrl-stamp: requirements/lock.txt pyproject.toml scripts/setup-venv.sh
@@ -36,6 +36,10 @@ crds: venv
 
 crds-check: venv
 	$(PY) -m pytest -q tests/unit/test_crd.py
+
+## proto: regenerate workers/plrl_workers/rpc/generated/ from rpc/plrl.proto (tests fail on drift)
+proto: venv
+	$(PY) -m plrl_workers.rpc.codegen
 
 lock:
 	uv pip compile -q requirements/dev.in -o requirements/lock.txt -p 3.11 --no-header

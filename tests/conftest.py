@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import hypothesis
 import pytest
 import yaml
 from kubernetes import client
@@ -26,6 +27,12 @@ from kubernetes import client
 from tests.infra import binaries, controlplane, kube, nodes, tools
 
 CLUSTER_FIXTURE = "control_plane"
+
+# Property tests explore the same examples on every run, so CI is repeatable; run with
+# `--hypothesis-profile=explore` to search afresh.
+hypothesis.settings.register_profile("ci", derandomize=True, deadline=None)
+hypothesis.settings.register_profile("explore", deadline=None)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -1,3 +1,5 @@
+# mypy: disallow-untyped-decorators=False
+# (pyproject skips following kopf, so its decorators are Any to mypy; the handlers stay typed.)
 """kopf wiring: the only module that imports kopf. Every handler is parse -> pure functions -> apply.
 
 - create / update (spec) / resume: `_reconcile` renders the desired children, lists the live ones

@@ -94,9 +94,9 @@ class Client:
     def from_environment(field_manager: str) -> Client:
         """In-cluster credentials if running in a pod, else $KUBECONFIG / ~/.kube/config."""
         try:
-            kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+            kubernetes.config.load_incluster_config()
         except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+            kubernetes.config.load_kube_config()
         config = kubernetes.client.Configuration.get_default_copy()
         config.connection_pool_maxsize = 16  # at least the thread pool's size: no connection churn
         return Client(kubernetes.client.ApiClient(config), field_manager)
@@ -123,7 +123,7 @@ class Client:
             auth_settings=["BearerToken"],
         )
         resp = self.api.call_api(m, url, header_params=headers, body=data, _request_timeout=30)
-        raw: bytes = resp.read() or b"{}"  # type: ignore[no-untyped-call]
+        raw: bytes = resp.read() or b"{}"
         if not 200 <= resp.status < 300:
             try:
                 message = str(json.loads(raw).get("message", raw.decode(errors="replace")))

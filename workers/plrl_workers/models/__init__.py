@@ -1,0 +1,1 @@
+"""Model construction that needs no download: the built-in tiny model and its tokenizer."""
