@@ -30,6 +30,13 @@ typecheck: venv
 unit: venv
 	$(PY) -m pytest -q tests/unit
 
+## crds: regenerate the committed CRD from the pydantic models (crds/ and the chart's crds/)
+crds: venv
+	$(VENV)/bin/plrl crd --write crds --write helm/pipelinerl-operator/crds
+
+crds-check: venv
+	$(PY) -m pytest -q tests/unit/test_crd.py
+
 ## proto: regenerate workers/plrl_workers/rpc/generated/ from rpc/plrl.proto (tests fail on drift)
 proto: venv
 	$(PY) -m plrl_workers.rpc.codegen

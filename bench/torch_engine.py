@@ -3,7 +3,7 @@
 Every request has its own output budget (uniform in [min_new, max_new]) and may also end at EOS.
 `generate` decodes each batch of B requests until its longest member is done (it cannot stop one
 row early for its own budget, so short rows ride along); the engine keeps B slots busy and refills
-a slot the step after its sequence ends. Both sample at temperature 1 from the same weights and
+a slot in the step its sequence ends. Both sample at temperature 1 from the same weights and
 count only useful tokens (each sequence up to its budget or first EOS). One run prints both,
 side by side, and the ratio.
 

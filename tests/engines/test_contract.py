@@ -370,3 +370,15 @@ def test_weights_broadcast_by_the_trainer_land_in_flight(
     assert seq.versions == [v0] * 2 + [v0 + 1] * 2 + [v0 + 3] * 6
     expected = reference.teacher_forced(ref, seq, 0.0, [original, new, original], (2, 4))
     torch.testing.assert_close(torch.tensor(seq.logprobs), expected, atol=TOL, rtol=0)
+
+
+def test_bad_requests_are_refused_naming_the_field(engine: base.GenerationEngine) -> None:
+    with pytest.raises(ValueError, match="max_model_len=96"):
+        engine.add_request("long", [5] * 90, types.SamplingParams(max_new_tokens=7))
+    with pytest.raises(ValueError, match="prompt_token_ids is empty"):
+        engine.add_request("empty", [], types.SamplingParams(max_new_tokens=1))
+    engine.add_request("dup", [5], types.SamplingParams(max_new_tokens=1))
+    with pytest.raises(ValueError, match="already in flight"):
+        engine.add_request("dup", [6], types.SamplingParams(max_new_tokens=1))
+    assert engine.num_in_flight() == 1
+    assert list(reference.run(engine)[0]) == ["dup"]
