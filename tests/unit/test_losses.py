@@ -154,11 +154,11 @@ def test_rl_step_on_policy_has_unit_weights_and_finite_gradients(model: torch.nn
         mb.behaviour_logprobs = torch.where(mb.loss_mask, step.token_logprobs(model, mb, 0.8), 0.0)
     model.zero_grad()
     loss_tis, sums = step.rl_step(model, mb, cfg)
-    loss_tis.backward()
+    torch.autograd.backward(loss_tis)
     grads_tis = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad()
     loss_pg, _ = step.rl_step(model, mb, step.RLConfig(loss=losses.LossConfig("reinforce"), temperature=0.8))
-    loss_pg.backward()
+    torch.autograd.backward(loss_pg)
     grads_pg = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     m = losses.summarize(sums)
     assert m["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)

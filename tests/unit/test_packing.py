@@ -107,7 +107,7 @@ def _loss_and_grads(
     total = 0.0
     for mb in mbs:
         loss, _ = step.rl_step(model, mb, cfg)
-        loss.backward()
+        torch.autograd.backward(loss)
         total += float(loss.detach())
     return total, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 

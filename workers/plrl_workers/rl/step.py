@@ -73,6 +73,11 @@ class PreparedStep:
     lag: lag.LagStats
     advantages: advantages.AdvantageStats
 
+    @property
+    def empty(self) -> bool:
+        """No completion token to train on (everything dropped): do not call `train_step`."""
+        return self.micro_batches[0][0].batch_tokens == 0
+
     def metrics(self) -> dict[str, float]:
         out = {f"lag/{k}": v for k, v in self.lag.as_metrics().items()}
         out |= {f"adv/{k}": v for k, v in self.advantages.as_metrics().items()}
@@ -168,7 +173,11 @@ def train_step(
     """This rank's share of one optimizer batch, then one optimizer step (collective).
 
     Returns loss/IS/lag metrics over all ranks' tokens, plus the engine's `grad_norm` and `lr`.
+    Refuses a batch without a single completion token on any rank (every sample dropped): an
+    optimizer step on zero gradients would still move the weights (Adam momentum, weight decay).
     """
+    if not micro_batches or micro_batches[0].batch_tokens == 0:
+        raise ValueError("empty optimizer batch (no completion tokens on any rank); skip the step")
     version = engine.version
     sums: losses.Sums = {}
     n = len(micro_batches)
