@@ -9,9 +9,12 @@
   and one optimizer step; returns metrics summed over all ranks.
 
 Log-probabilities are those of the temperature-scaled distribution, log_softmax(logits / T) with
-T = spec `generation.temperature`, which is the distribution the generators sample from and
-record behaviour logprobs under; with any other definition pi_theta / pi_behaviour would not be 1
-on-policy. (top_p truncation is not modelled: the generators record the untruncated logprob.)
+T = spec `generation.temperature` (T below `engines/sampling.GREEDY_EPS` counts as 1, as there):
+the definition of a behaviour logprob in `engines/sampling.py` with top_p = 1, the RL default.
+With any other definition pi_theta / pi_behaviour would not be 1 on-policy. With top_p < 1 the
+generators record nucleus-masked logprobs; the trainer does not re-apply a nucleus under
+pi_theta (a sampled token outside the trainer's nucleus would get log 0 = -inf), so ratios of
+sampled tokens are then slightly below 1.
 
 Neighbours: the trainer role's main loop (calls `prepare` and `train_step`), `engines/base.py`.
 """
@@ -28,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from plrl_workers import types
+from plrl_workers.engines import sampling
 from plrl_workers.rl import advantages, lag, losses, packing
 
 if TYPE_CHECKING:
@@ -124,6 +128,8 @@ def token_logprobs(model: torch.nn.Module, mb: packing.MicroBatch, temperature: 
 
     `use_cache=False` is what makes restarting position ids isolate the packed sequences.
     """
+    if temperature < sampling.GREEDY_EPS:
+        temperature = 1.0
     out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False)
     logits = out.logits[0].float() / temperature
     picked = logits.gather(-1, mb.target_ids[:, None])[:, 0]
