@@ -240,17 +240,24 @@ def test_two_racing_submits_of_one_lease_accept_it_once() -> None:
     assert_balanced(c)
 
 
-def test_groups_older_than_max_lag_are_dropped_and_counted() -> None:
-    c = make(n=2, max_lag=1)
+def test_prompts_the_trainer_dropped_for_lag_are_counted_as_dropped() -> None:
+    c = make(n=2)
     old, new = c.lease("a", 2).leases
     assert c.submit(group_for(old, version=0)).ok
-    c.finish_step(2)
-    assert c.submit(group_for(new, version=2)).ok
-    taken = c.take(2, timeout_s=0.2)
-    assert [g.prompt_id for g in taken] == [new.prompt.prompt_id]
-    c.finish_step(3)
+    assert c.submit(group_for(new, version=0)).ok
+    assert len(c.take(2, timeout_s=0.2)) == 2
+    c.finish_step(3, dropped=[old.prompt.prompt_id])
     a = assert_balanced(c)
     assert (a.issued, a.trained, a.dropped_by_lag) == (2, 1, 1)
+
+
+def test_finish_step_refuses_dropping_a_prompt_it_was_not_given() -> None:
+    c = make(n=2)
+    (x,) = c.lease("a", 1).leases
+    assert c.submit(group_for(x)).ok
+    c.take(1, timeout_s=0.2)
+    with pytest.raises(ValueError, match="not taken"):
+        c.finish_step(1, dropped=[x.prompt.prompt_id + 1])
 
 
 def test_finish_step_refuses_to_go_back() -> None:
@@ -405,3 +412,21 @@ def test_id_ranges_behave_like_a_set(xs: list[int]) -> None:
     assert all(lo <= hi for lo, hi in ranges)
     assert all(h + 1 < lo for (_, h), (lo, _) in itertools.pairwise(ranges))
     assert coordinator_state.IdRanges(ranges).ranges() == ranges
+
+
+def test_a_prompt_budget_leaves_nothing_issued_and_untrained() -> None:
+    c = make(n=100, prompt_budget=3)
+    leases = c.lease("a", 10).leases
+    assert len(leases) == 3  # no more than the job will train
+    for x in leases:
+        assert c.submit(group_for(x)).ok
+    taken = c.take(3, timeout_s=0.2)
+    c.finish_step(1, dropped=[taken[0].prompt_id])  # the lag policy dropped one: it is replaced
+    (replacement,) = c.lease("b", 10).leases
+    assert c.submit(group_for(replacement)).ok
+    c.take(1, timeout_s=0.2)
+    c.finish_step(2)
+    a = assert_balanced(c)
+    assert (a.issued, a.trained, a.dropped_by_lag) == (4, 3, 1)
+    assert c.stats().finished
+    assert c.lease("a", 10).finished

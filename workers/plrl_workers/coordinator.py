@@ -4,7 +4,7 @@ Every prompt drawn from the source is *issued* once and then lives in exactly on
 *trained* or *dropped by the lag policy*:
 
     leased (out with one generator) -> buffered (accepted, waiting) -> in_training (taken) -> trained
-        |  lease deadline passed, generator dead or replaced                  \\-> dropped_by_lag (at take)
+        |  lease deadline passed, generator dead or replaced           \\-> dropped_by_lag (finish_step)
         v
     requeued (front of the queue, leased again before new prompts)
 
@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from plrl_workers import coordinator_checks, coordinator_control, coordinator_state, types
 from plrl_workers.coordinator_checks import Code
@@ -65,10 +65,12 @@ class Config:
     """A lease not returned within this many seconds (renewed by every submit attempt) is re-queued."""
     submit_wait_s: float = 10.0
     """How long a submit waits for buffer space before it is refused with RESOURCE_EXHAUSTED."""
-    max_lag: int | None = None
-    """Drop (and count) groups whose oldest token is over this many versions old at take(); None: keep."""
     vocab_size: int | None = None
     """If set, token ids must lie in [0, vocab_size)."""
+    prompt_budget: int | None = None
+    """Prompts the job trains in all (total steps x B/G). New prompts are issued only while
+    trained + outstanding < budget, so a finished run leaves no prompt issued and untrained; prompts
+    the lag policy drops are replaced. None: issue while the source lasts."""
     closed_lease_memory: int = 100_000
     """How many finished lease ids are remembered to tell duplicates/late returns from unknown ones."""
 
@@ -247,7 +249,11 @@ class Coordinator:
                     if prompt is None:
                         break
                     out.append(self._grant_locked(prompt, generator_id))
-                finished = self._stopping or (self._source_exhausted and not self._queue and not self._leases)
+                finished = (
+                    self._stopping
+                    or self._finished_locked()
+                    or (self._source_exhausted and not self._queue and not self._leases)
+                )
                 remaining = end - time.monotonic()
                 if out or finished or remaining <= 0:
                     return LeaseBatch(out, finished)
@@ -258,7 +264,7 @@ class Coordinator:
             return None
         if self._queue:
             return self._queue.popleft()
-        while not self._source_exhausted:
+        while not self._source_exhausted and self._budget_left_locked():
             prompt = next(self._source, None)
             if prompt is None:
                 self._source_exhausted = True
@@ -408,8 +414,8 @@ class Coordinator:
     def take(self, n_groups: int, timeout_s: float | None = None) -> list[types.RolloutGroup]:
         """Up to `n_groups` groups, oldest first; fewer only on timeout, stop, or a finished job.
 
-        Groups older than `Config.max_lag` (oldest token vs the current version) are dropped and
-        counted instead of returned. Taken groups are in training until `finish_step()`.
+        Taken groups are in training until `finish_step()`. The lag policy is the trainer's
+        (`rl/lag.py`): it reports the prompts it dropped to `finish_step`.
         """
         end = None if timeout_s is None else time.monotonic() + timeout_s
         out: list[types.RolloutGroup] = []
@@ -417,10 +423,6 @@ class Coordinator:
             while len(out) < n_groups:
                 while self._buffer and len(out) < n_groups:
                     group = self._buffer.popleft()
-                    if self._too_old_locked(group):
-                        self._complete_locked(group.prompt_id)
-                        self._dropped += 1
-                        continue
                     self._in_training.append(group)
                     out.append(group)
                 self._cond.notify_all()
@@ -433,28 +435,30 @@ class Coordinator:
                 self._expire_locked()
         return out
 
-    def _too_old_locked(self, group: types.RolloutGroup) -> bool:
-        if self.config.max_lag is None:
-            return False
-        oldest = min((s.versions[0] for s in group.samples if s.versions), default=self._version)
-        return self._version - oldest > self.config.max_lag
-
     def _complete_locked(self, prompt_id: int) -> None:
         del self._pending[prompt_id]
         self._completed.add(prompt_id)
 
-    def finish_step(self, version: int) -> None:
-        """The trainer finished an optimizer step: taken groups are trained; weights are now `version`.
+    def finish_step(self, version: int, dropped: Collection[int] = ()) -> None:
+        """The trainer finished an optimizer step; weights are now `version`.
 
-        Call before broadcasting `version`, so rollouts carrying it are accepted.
+        Taken groups count as trained, except the prompt ids in `dropped`, which the trainer's lag
+        policy dropped (every sample too old). Call before broadcasting `version`, so rollouts
+        carrying it are accepted.
         """
         with self._cond:
             if version < self._version:
                 raise ValueError(f"weight version {version} is older than the current {self._version}")
+            taken = {g.prompt_id for g in self._in_training}
+            if not set(dropped) <= taken:
+                raise ValueError(
+                    f"dropped prompts {sorted(set(dropped) - taken)} were not taken for this step"
+                )
             self._version = version
             for group in self._in_training:
                 self._complete_locked(group.prompt_id)
-            self._trained += len(self._in_training)
+            self._dropped += len(set(dropped))
+            self._trained += len(self._in_training) - len(set(dropped))
             self._in_training.clear()
             self._cond.notify_all()
 
@@ -501,8 +505,13 @@ class Coordinator:
 
     # ---- reporting and restart -------------------------------------------------------------
 
+    def _budget_left_locked(self) -> bool:
+        budget = self.config.prompt_budget
+        return budget is None or self._trained + len(self._pending) < budget
+
     def _finished_locked(self) -> bool:
-        return self._source_exhausted and not self._pending
+        """Nothing outstanding and nothing more to issue (source exhausted or budget trained)."""
+        return not self._pending and (self._source_exhausted or not self._budget_left_locked())
 
     def stats(self) -> Stats:
         with self._cond:

@@ -66,7 +66,8 @@ def progress_line(row: dict[str, Any], total_steps: int) -> str:
     return (
         f"step {row['step']}/{total_steps}  reward {fmt('reward_mean')}  "
         f"lag {fmt('lag_mean', '.1f')} (max {row.get('lag_max', '-')})  "
-        f"gen {fmt('generated_tokens_per_s', '.0f')} tok/s  train {fmt('trained_tokens_per_s', '.0f')} tok/s  "
+        f"gen {fmt('generated_tokens_per_s', '.0f')} tok/s  "
+        f"train {fmt('trained_tokens_per_s', '.0f')} tok/s  "
         f"ESS {fmt('ess')}  {fmt('elapsed_s', '.0f')}s"
     )
 
