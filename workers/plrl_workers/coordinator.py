@@ -185,6 +185,7 @@ class Coordinator:
         self._version = 0
         self._next_index = 0
         self._issued = self._trained = self._dropped = 0
+        self._budget = config.prompt_budget
         self._completed = coordinator_state.IdRanges()
         self._pending: dict[int, types.Prompt] = {}  # issued, not yet trained or dropped
         self._queue: collections.deque[types.Prompt] = collections.deque()  # re-queued prompts
@@ -255,7 +256,10 @@ class Coordinator:
                     or (self._source_exhausted and not self._queue and not self._leases)
                 )
                 remaining = end - time.monotonic()
-                if out or finished or remaining <= 0:
+                # With the budget used up only a re-queued lease could arrive: do not make the
+                # caller wait for one (conventional rounds end on this answer).
+                spent = not self._queue and not self._budget_left_locked()
+                if out or finished or spent or remaining <= 0:
                     return LeaseBatch(out, finished)
                 self._cond.wait(min(remaining, 1.0))
 
@@ -506,8 +510,14 @@ class Coordinator:
     # ---- reporting and restart -------------------------------------------------------------
 
     def _budget_left_locked(self) -> bool:
-        budget = self.config.prompt_budget
+        budget = self._budget
         return budget is None or self._trained + len(self._pending) < budget
+
+    def set_prompt_budget(self, budget: int | None) -> None:
+        """Raise (or set) the prompt budget; conventional mode opens one round's worth at a time."""
+        with self._cond:
+            self._budget = budget
+            self._cond.notify_all()
 
     def _finished_locked(self) -> bool:
         """Nothing outstanding and nothing more to issue (source exhausted or budget trained)."""

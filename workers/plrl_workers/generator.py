@@ -151,12 +151,13 @@ class Generator:
                 "rollout for lease %s refused: %s %s", result.lease_id, result.code.name, result.message
             )
 
-    def _fill(self, capacity: int) -> None:
+    def _fill(self, capacity: int) -> int:
+        """Lease prompts for the free slots; returns how many were leased."""
         free_prompts = (capacity - self.engine.num_in_flight()) // self.g
         with self._unacked_lock:
             backlog = self._unacked
         if free_prompts <= 0 or backlog >= MAX_UNACKED_GROUPS or self._source_finished:
-            return
+            return 0
         idle = self.engine.num_in_flight() == 0
         batch = self.coord.lease_prompts(self.generator_id, free_prompts, wait_s=0.5 if idle else 0.0)
         self._source_finished = batch.finished and not batch.leases
@@ -173,6 +174,7 @@ class Generator:
                 self.engine.add_request(
                     f"{lease.lease_id}#{j}", ids, dataclasses.replace(self.params, seed=seed)
                 )
+        return len(batch.leases)
 
     def _collect(self, finished: list[types.FinishedSequence], stream: rollout_stream.RolloutStream) -> None:
         for seq in finished:
@@ -209,7 +211,8 @@ class Generator:
 
     # -------------------------------------------------------------- main loop
 
-    def run(self, capacity: int) -> None:
+    def start(self) -> None:
+        """Register, catch up on weights, open the control and rollout streams."""
         reg = self.coord.register(self.generator_id)
         if reg.samples_per_prompt != self.g:
             raise RuntimeError(
@@ -217,10 +220,23 @@ class Generator:
             )
         if reg.weight_version > self.engine.weight_version:
             self._pull(reg.weight_version)
-        control = self.coord.control(self.generator_id)
-        pump = threading.Thread(target=self._pump_control, args=(control,), daemon=True, name="control")
-        pump.start()
-        stream = rollout_stream.RolloutStream(self.coord, on_result=self._on_result)
+        self._control = self.coord.control(self.generator_id)
+        threading.Thread(
+            target=self._pump_control, args=(self._control,), daemon=True, name="control"
+        ).start()
+        self._stream = rollout_stream.RolloutStream(self.coord, on_result=self._on_result)
+
+    def _decode(self) -> None:
+        t0 = time.perf_counter()
+        finished = self.engine.step()
+        if self.metrics is not None:
+            self.metrics.step_seconds.observe(time.perf_counter() - t0)
+            self.metrics.in_flight.set(self.engine.num_in_flight())
+        self._collect(finished, self._stream)
+
+    def run(self, capacity: int) -> None:
+        """Pipeline mode: decode until the job stops (or the prompt source is exhausted)."""
+        self.start()
         try:
             while not self._stop.is_set():
                 if not self._handle_events():
@@ -231,26 +247,49 @@ class Generator:
                         break
                     time.sleep(0.01)  # waiting on leases (backpressure or an empty queue)
                     continue
-                t0 = time.perf_counter()
-                finished = self.engine.step()
-                if self.metrics is not None:
-                    self.metrics.step_seconds.observe(time.perf_counter() - t0)
-                    self.metrics.in_flight.set(self.engine.num_in_flight())
-                self._collect(finished, stream)
+                self._decode()
         finally:
-            control.cancel()
-            stream.close()
-            if self._in_weight_group:
-                self.engine.leave_weight_group()
+            self.close()
+
+    def generate_round(self, capacity: int) -> None:
+        """Conventional mode: decode until no prompt is left to lease and every group is delivered."""
+        self._source_finished = False  # the coordinator opens a new round's budget before each call
+        while not self._stop.is_set():
+            if not self._handle_events():
+                return
+            leased = self._fill(capacity)
+            if self.engine.num_in_flight() == 0:
+                with self._unacked_lock:
+                    delivered = self._unacked == 0
+                if leased == 0 and delivered:
+                    return
+                time.sleep(0.01)
+                continue
+            self._decode()
+
+    def close(self) -> None:
+        self._control.cancel()
+        self._stream.close()
+        if self._in_weight_group:
+            self.engine.leave_weight_group()
 
 
-def build(cfg: config_mod.WorkerConfig, ident: config_mod.Identity) -> tuple[Generator, int]:
-    """The generator of this pod and its capacity (H per accelerator x accelerators per pod)."""
+def build(
+    cfg: config_mod.WorkerConfig,
+    ident: config_mod.Identity,
+    *,
+    name: str | None = None,
+    gpus: int | None = None,
+) -> tuple[Generator, int]:
+    """The generator of this pod and its capacity (H per accelerator x accelerators per pod).
+
+    Conventional mode builds one per trainer rank (`name`, one accelerator each).
+    """
     import transformers
 
     spec = cfg.spec
     model_dir = cfg.local.model_dir if cfg.local is not None else spec.model.name
-    tp = spec.resources.gpus_per_generator
+    tp = spec.resources.gpus_per_generator if gpus is None else gpus
     capacity = spec.generation.concurrent_sequences * tp
     options = engines.EngineOptions(
         model_dir=model_dir,
@@ -274,7 +313,7 @@ def build(cfg: config_mod.WorkerConfig, ident: config_mod.Identity) -> tuple[Gen
     coord = client_mod.CoordinatorClient(cfg.endpoints.coordinator, ident.token)
     worker_metrics = metrics.WorkerMetrics("generator")
     gen = Generator(
-        generator_id=f"{cfg.job.name}-gen-{ident.pod_index}",
+        generator_id=name or f"{cfg.job.name}-gen-{ident.pod_index}",
         engine=engine,
         coord=coord,
         tokenizer=tokenizer,

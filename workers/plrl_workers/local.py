@@ -51,6 +51,7 @@ class Layout:
     generator_pods: int
     trainer_pods: int
     gpus_per_trainer: int
+    trainer_module: str = "plrl_workers.trainer"
 
     @property
     def trainer_ranks(self) -> int:
@@ -59,6 +60,12 @@ class Layout:
     @staticmethod
     def of(job: spec_mod.JobSpec) -> Layout:
         r = job.resources
+        mode = job.pipeline.mode
+        if mode is spec_mod.PipelineMode.CONVENTIONAL:
+            # Every accelerator trains and generates: one colocated worker per accelerator.
+            return Layout(0, r.total_gpus, 1, "plrl_workers.conventional")
+        if mode is not spec_mod.PipelineMode.PIPELINE:
+            raise RunError(f"spec.pipeline.mode={mode.value} is not supported by plrl run yet (use pipeline)")
         i = planner.initial_generators(job)
         return Layout(
             generator_pods=i // r.gpus_per_generator,
@@ -200,7 +207,7 @@ def process_specs(
             supervisor.ProcessSpec(
                 name=f"trainer-{rank}",
                 role="trainer",
-                argv=supervisor.python_module("plrl_workers.trainer", "--config", str(paths["trainer"])),
+                argv=supervisor.python_module(layout.trainer_module, "--config", str(paths["trainer"])),
                 env=env,
                 log_path=run_dir / "logs" / f"trainer-{rank}.log",
             )
@@ -271,17 +278,14 @@ def supervise(
 def run(job_path: pathlib.Path, run_dir: pathlib.Path, quiet: bool = False) -> int:
     job = spec_mod.load_job(job_path)  # raises before anything starts
     check_task(job, job_path.parent.resolve())
-    if job.spec.pipeline.mode is not spec_mod.PipelineMode.PIPELINE:
-        from plrl_workers import conventional
-
-        return conventional.run_local(job, job_path, run_dir, quiet)
     layout = Layout.of(job.spec)
     resumed = prepare_run_dir(job, run_dir)
     model_dir = prepare_model(job, run_dir, job_path.parent.resolve())
     specs = process_specs(job, layout, run_dir, model_dir)
     print(
-        f"{'resuming' if resumed else 'starting'} {job.metadata.name}: {layout.trainer_ranks} trainer "
-        f"rank(s), {layout.generator_pods} generator(s), {job.spec.training.total_steps} steps; "
+        f"{'resuming' if resumed else 'starting'} {job.metadata.name} ({job.spec.pipeline.mode.value}): "
+        f"{layout.trainer_ranks} trainer rank(s), {layout.generator_pods} generator(s), "
+        f"{job.spec.training.total_steps} steps; "
         f"run directory {run_dir}",
         flush=True,
     )

@@ -84,8 +84,12 @@ class Coordination:
     """Rank 0's side jobs: the coordinator and its gRPC server, weight broadcast, metrics log."""
 
     def __init__(
-        self, cfg: config_mod.WorkerConfig, ident: config_mod.Identity, state: dict[str, Any] | None
-    ):
+        self,
+        cfg: config_mod.WorkerConfig,
+        ident: config_mod.Identity,
+        state: dict[str, Any] | None,
+        prompt_budget: int,
+    ) -> None:
         import transformers
 
         spec = cfg.spec
@@ -104,7 +108,7 @@ class Coordination:
                 buffer_groups=max(2, 2 * spec.training.batch_size // g),
                 lease_timeout_s=max(60.0, spec.heartbeat.timeout_seconds * 4),
                 vocab_size=len(tokenizer),
-                prompt_budget=spec.training.total_steps * (spec.training.batch_size // g),
+                prompt_budget=prompt_budget,
             ),
             state=state,
             skip_source=False,
@@ -202,62 +206,103 @@ def _broadcast_groups(groups: list[types.RolloutGroup] | None, rank: int) -> lis
     return out
 
 
+class TrainLoop:
+    """The optimizer-step loop every trainer rank runs; rank 0 also owns the `Coordination` hub.
+
+    Pipeline mode calls `train_one` back to back and `publish` after every k steps; conventional
+    mode (`conventional.py`) interleaves rounds of generation in the same processes.
+    """
+
+    def __init__(
+        self,
+        cfg: config_mod.WorkerConfig,
+        ident: config_mod.Identity,
+        ranks: RankInfo,
+        stop: threading.Event,
+        *,
+        prompt_budget: int | None = None,
+    ) -> None:
+        spec = cfg.spec
+        self.cfg, self.ranks, self.stop = cfg, ranks, stop
+        self.engine = training.create(training.TrainEngineConfig.from_spec(spec, model_dir(cfg)))
+        self.ckpt_root = checkpoint_root(cfg)
+        meta = checkpoint.resume(self.engine, self.ckpt_root)
+        self.step = meta.step if meta else 0
+        if meta:
+            log.info("resumed from %s: step %d, weight version %d", self.ckpt_root, meta.step, meta.version)
+        self.n_groups = spec.training.batch_size // spec.generation.samples_per_prompt
+        self.total_steps = spec.training.total_steps
+        budget = self.total_steps * self.n_groups if prompt_budget is None else prompt_budget
+        state = meta.extra.get("coordinator") if meta else None
+        self.hub = Coordination(cfg, ident, state, budget) if ranks.rank == 0 else None
+        if self.hub is not None:
+            self.hub.coord.finish_step(self.engine.version)
+        self.rl_cfg = rl_step.RLConfig.from_spec(spec)
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.total_steps
+
+    def train_one(self) -> bool:
+        """One optimizer step on B fresh samples; False if the job stopped before a full batch."""
+        hub, engine = self.hub, self.engine
+        t0 = time.perf_counter()
+        groups = _broadcast_groups(hub.take(self.n_groups, self.stop) if hub else None, self.ranks.rank)
+        t_busy = time.perf_counter()
+        if len(groups) < self.n_groups:
+            why = "asked to stop" if self.stop.is_set() else "no more prompts"
+            log.info("stopping at step %d: %s", self.step, why)
+            return False
+        version = engine.version
+        prepared = rl_step.prepare(groups, version, self.ranks.world_size, self.rl_cfg)
+        out = rl_step.train_step(engine, prepared.micro_batches[self.ranks.rank], self.rl_cfg)
+        out |= prepared.metrics()
+        self.step += 1
+        if hub is not None:
+            hub.coord.finish_step(engine.version, dropped=prepared.prompts_dropped)
+            now = time.perf_counter()
+            hub.log_step(self.step, batch_stats(groups, version), out, now - t0, now - t_busy)
+        ckpt = self.cfg.spec.training.checkpoint
+        if self.step % ckpt.every_steps == 0 or self.done:
+            extra = {"coordinator": hub.coord.export_state()} if hub else {}
+            checkpoint.save(
+                engine,
+                self.ckpt_root,
+                self.step,
+                extra=extra,
+                keep=ckpt.keep,
+                tokenizer_from=model_dir(self.cfg),
+            )
+        return True
+
+    def publish(self) -> None:
+        """Rank 0: broadcast the current weights to the generators (collective with them)."""
+        if self.hub is not None:
+            self.hub.publish(self.engine)
+
+    def close(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
+        self.engine.close()
+
+
 def train(
     cfg: config_mod.WorkerConfig, ident: config_mod.Identity, ranks: RankInfo, stop: threading.Event
 ) -> int:
-    spec = cfg.spec
-    engine = training.create(training.TrainEngineConfig.from_spec(spec, model_dir(cfg)))
-    ckpt_root = checkpoint_root(cfg)
-    meta = checkpoint.resume(engine, ckpt_root)
-    start_step = meta.step if meta else 0
-    if meta:
-        log.info("resumed from %s: step %d, weight version %d", ckpt_root, meta.step, meta.version)
-    hub = (
-        Coordination(cfg, ident, meta.extra.get("coordinator") if meta else None) if ranks.rank == 0 else None
-    )
-    if hub is not None:
-        hub.coord.finish_step(engine.version)
-        hub.publish(engine)  # no members yet: makes the current weights pullable
-    rl_cfg = rl_step.RLConfig.from_spec(spec)
-    n_groups = spec.training.batch_size // spec.generation.samples_per_prompt
-    sync_every = spec.pipeline.weight_sync_every_steps
-    ckpt = spec.training.checkpoint
-    step = start_step
+    """Pipeline mode: train as rollouts arrive and send new weights every k steps."""
+    loop = TrainLoop(cfg, ident, ranks, stop)
+    sync_every = cfg.spec.pipeline.weight_sync_every_steps
     try:
-        while step < spec.training.total_steps:
-            t0 = time.perf_counter()
-            groups = _broadcast_groups(hub.take(n_groups, stop) if hub else None, ranks.rank)
-            t_busy = time.perf_counter()
-            if len(groups) < n_groups:
-                log.info(
-                    "stopping at step %d: %s", step, "asked to stop" if stop.is_set() else "no more prompts"
-                )
-                break
-            version = engine.version
-            prepared = rl_step.prepare(groups, version, ranks.world_size, rl_cfg)
-            out = rl_step.train_step(engine, prepared.micro_batches[ranks.rank], rl_cfg)
-            out |= prepared.metrics()
-            step += 1
-            if hub is not None:
-                hub.coord.finish_step(engine.version, dropped=prepared.prompts_dropped)
-                if step % sync_every == 0 or step == spec.training.total_steps:
-                    hub.publish(engine)
-                now = time.perf_counter()
-                hub.log_step(step, batch_stats(groups, version), out, now - t0, now - t_busy)
-            if step % ckpt.every_steps == 0 or step == spec.training.total_steps:
-                extra = {"coordinator": hub.coord.export_state()} if hub else {}
-                checkpoint.save(
-                    engine, ckpt_root, step, extra=extra, keep=ckpt.keep, tokenizer_from=model_dir(cfg)
-                )
+        loop.publish()  # no members yet: makes the current weights pullable (e.g. after a resume)
+        while not loop.done and loop.train_one():
+            if loop.step % sync_every == 0 or loop.done:
+                loop.publish()
     finally:
-        if hub is not None:
-            hub.close()
-        engine.close()
-    done = step >= spec.training.total_steps
-    return 0 if done or stop.is_set() else 1
+        loop.close()
+    return 0 if loop.done or stop.is_set() else 1
 
 
-def _rank_info(env: dict[str, str]) -> RankInfo | None:
+def rank_info(env: dict[str, str]) -> RankInfo | None:
     """This process's rank, or None when it must first start one process per local accelerator."""
     nproc = int(env.get("NPROC_PER_NODE", "1"))
     if "RANK" in env:
@@ -291,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m plrl_workers.trainer", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="worker config JSON (/etc/plrl/trainer.json)")
     args = ap.parse_args(argv)
-    ranks = _rank_info(dict(os.environ))
+    ranks = rank_info(dict(os.environ))
     if ranks is None:
         return _spawn_local_ranks(argv)
     logging.basicConfig(
