@@ -23,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 from plrl_workers import checkpoint, types
-from plrl_workers.engines import training
+from plrl_workers.engines import base, training
 from plrl_workers.rl import losses, step
 
 RL = step.RLConfig(
@@ -68,7 +68,7 @@ def groups_for_step(
     return out
 
 
-def engine_for(model: str, run: str, seed: int = 0) -> object:
+def engine_for(model: str, run: str, seed: int = 0) -> base.TrainingEngine:
     backend, stage, clip = RUNS[run]
     cfg = training.TrainEngineConfig(
         model_path=model,
@@ -82,22 +82,24 @@ def engine_for(model: str, run: str, seed: int = 0) -> object:
     return training.create(cfg)
 
 
-def train(engine: object, first_step: int, steps: int) -> tuple[list[dict[str, float]], float, float]:
+def train(
+    engine: base.TrainingEngine, first_step: int, steps: int
+) -> tuple[list[dict[str, float]], float, float]:
     metrics = []
     tokens = 0.0
     elapsed = 0.0
     for i in range(first_step, first_step + steps):
-        prep = step.prepare(groups_for_step(i, engine.version), engine.version, engine.world_size, RL)  # type: ignore[attr-defined]
+        prep = step.prepare(groups_for_step(i, engine.version), engine.version, engine.world_size, RL)
         t0 = time.perf_counter()
-        m = step.train_step(engine, prep.micro_batches[engine.rank], RL)  # type: ignore[arg-type, attr-defined]
+        m = step.train_step(engine, prep.micro_batches[engine.rank], RL)
         elapsed += time.perf_counter() - t0
         tokens += m["input_tokens"]
         metrics.append(m | prep.metrics())
     return metrics, tokens, elapsed
 
 
-def params(engine: object) -> dict[str, torch.Tensor]:
-    return {n: t.clone() for n, t in engine.named_parameters_for_sync()}  # type: ignore[attr-defined]
+def params(engine: base.TrainingEngine) -> dict[str, torch.Tensor]:
+    return {n: t.clone() for n, t in engine.named_parameters_for_sync()}
 
 
 def run_train(model: str, run: str, steps: int, out: pathlib.Path) -> None:
@@ -108,7 +110,7 @@ def run_train(model: str, run: str, steps: int, out: pathlib.Path) -> None:
     result = {"params": params(engine), "metrics": metrics, "init_s": init_s}
     result["tokens_per_s"] = tokens / elapsed if elapsed else 0.0
     torch.save(result, out / f"{run}.rank{dist.get_rank()}.pt")
-    engine.close()  # type: ignore[attr-defined]
+    engine.close()
 
 
 def run_checkpoint(model: str, run: str, phase: str, out: pathlib.Path) -> None:
@@ -119,23 +121,23 @@ def run_checkpoint(model: str, run: str, phase: str, out: pathlib.Path) -> None:
         # A: 5 steps straight. B: 3 steps, checkpoint, 2 more (the checkpoint must not perturb).
         train(engine, 0, 5)
         torch.save({"params": params(engine)}, out / f"{run}.straight.rank{rank}.pt")
-        engine.close()  # type: ignore[attr-defined]
+        engine.close()
         engine = engine_for(model, run)
         train(engine, 0, 3)
         torch.save({"params": params(engine)}, out / f"{run}.after3.rank{rank}.pt")
         for s in (1, 2, 3):  # the same weights saved thrice: exercises retention
             extra = {"prompts_issued": 12 * s, "cursor": [s, "x"]}
-            checkpoint.save(engine, root, s, extra=extra, keep=2, tokenizer_from=model)  # type: ignore[arg-type]
+            checkpoint.save(engine, root, s, extra=extra, keep=2, tokenizer_from=model)
         train(engine, 3, 2)
         torch.save({"params": params(engine)}, out / f"{run}.interrupted.rank{rank}.pt")
     else:
-        meta = checkpoint.resume(engine, root)  # type: ignore[arg-type]
+        meta = checkpoint.resume(engine, root)
         assert meta is not None
         train(engine, meta.step, 2)
         info = {"step": meta.step, "version": meta.version, "extra": meta.extra}
         (out / f"{run}.resumed.rank{rank}.json").write_text(json.dumps(info))
         torch.save({"params": params(engine)}, out / f"{run}.resumed.rank{rank}.pt")
-    engine.close()  # type: ignore[attr-defined]
+    engine.close()
 
 
 def main() -> None:
