@@ -260,6 +260,10 @@ def supervise(
             spec = sup.running[name].spec
             if name == "trainer-0" and code == 0:
                 return 0
+            if code == 0:
+                # Other ranks, and generators told to stop, finish first; rank 0 (the coordinator)
+                # says when the job is done.
+                continue
             if spec.role == "trainer":
                 raise RunError(
                     f"{name} exited with code {code}; last lines of {spec.log_path}:\n{_tail(spec.log_path)}"

@@ -40,7 +40,8 @@ class DDPEngine:
         self._ddp = DistributedDataParallel(
             self._model,
             device_ids=[self._device.index] if self._device.type == "cuda" else None,
-            broadcast_buffers=False,
+            # Buffers (rotary tables) are identical on every rank; syncing them per forward is waste.
+            forward_sync_buffers=False,
         )
         self._opt = training.make_optimizer(self._model.parameters(), cfg)
         self._version = 0
