@@ -71,6 +71,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import numpy
+
     from plrl_workers import coordinator, types
     from plrl_workers.rpc import auth, client, convert
     from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
@@ -152,6 +153,7 @@ def main() -> None:
 def _server_split(samples: int, tokens: int) -> None:
     """Per-group CPU of the coordinator's intake, in this process, split by stage."""
     import numpy
+
     from plrl_workers import coordinator_checks, types
     from plrl_workers.rpc import convert
     from plrl_workers.rpc.generated import plrl_pb2 as pb

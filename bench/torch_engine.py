@@ -18,6 +18,7 @@ import tempfile
 import time
 
 import torch
+
 from plrl_workers import types
 from plrl_workers.engines import base
 from plrl_workers.models import tiny

@@ -57,6 +57,7 @@ def _groups(step: int, version: int, n_groups: int, g: int, max_new: int) -> lis
 
 def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
+
     from plrl_workers.engines import training
     from plrl_workers.models import tiny
     from plrl_workers.rl import step

@@ -27,6 +27,7 @@ from typing import Any
 
 def _receiver(conn: Any, threads: int) -> None:
     import torch
+
     from plrl_workers.weight_sync import groups, receiver
 
     torch.set_num_threads(threads)
@@ -98,6 +99,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
+
     from plrl_workers.weight_sync import groups, sender
 
     torch.set_num_threads(args.threads)

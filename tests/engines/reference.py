@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 
 import torch
+
 from plrl_workers import types
 from plrl_workers.engines import base
 from plrl_workers.models import tiny

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
 from plrl_workers import types
 from plrl_workers.engines import base
-
 from tests.engines import reference
 
 H = 4  # slots

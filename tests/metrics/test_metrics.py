@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import urllib.request
 
-from plrl_workers import coordinator, metrics, types
 from prometheus_client import parser
+
+from plrl_workers import coordinator, metrics, types
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from plrl_operator import spec
 
+from plrl_operator import spec
 from tests.infra import tools
 from tests.operator import support
 

@@ -19,6 +19,7 @@ import grpc
 import numpy
 import pytest
 import torch
+
 from plrl_workers import coordinator, coordinator_control, types
 from plrl_workers.coordinator import Code
 from plrl_workers.rpc import client, convert, rollout_stream, server

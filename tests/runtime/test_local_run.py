@@ -14,8 +14,8 @@ import sys
 import time
 
 import pytest
-from plrl_workers import checkpoint, report
 
+from plrl_workers import checkpoint, report
 from tests.runtime.conftest import plrl, processes_using, write_job
 
 pytestmark = pytest.mark.slow

@@ -22,6 +22,7 @@ import time
 
 import torch
 import torch.distributed as dist
+
 from plrl_workers import checkpoint, types
 from plrl_workers.engines import base, training
 from plrl_workers.rl import losses, step

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 from plrl_workers.models import tiny
 
 WORKER = pathlib.Path(__file__).with_name("_worker.py")

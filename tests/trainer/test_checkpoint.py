@@ -10,8 +10,8 @@ import pathlib
 
 import pytest
 import torch
-from plrl_workers import checkpoint
 
+from plrl_workers import checkpoint
 from tests.trainer import conftest
 
 RUNS = conftest.CHECKPOINT_RUNS

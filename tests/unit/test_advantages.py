@@ -8,6 +8,7 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from plrl_workers import types
 from plrl_workers.rl import advantages
 

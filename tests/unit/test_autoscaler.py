@@ -13,6 +13,7 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from plrl_operator import spec
 from plrl_operator.policy import autoscaler, planner, types
 

@@ -21,6 +21,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pydantic
 import pytest
+
 from plrl_workers import coordinator, coordinator_control, coordinator_state, types
 from plrl_workers.coordinator import Code
 from plrl_workers.weight_sync import base

@@ -17,6 +17,7 @@ import jsonschema
 import pydantic
 import pytest
 import yaml
+
 from plrl_operator import crd, spec, status
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from dockerfile_parse import DockerfileParser
+
 from plrl_operator.render import common
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+
 from plrl_workers import types
 from plrl_workers.rl import lag
 

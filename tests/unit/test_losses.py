@@ -11,6 +11,7 @@ import random
 
 import pytest
 import torch
+
 from plrl_workers.models import tiny
 from plrl_workers.rl import losses, packing, step
 

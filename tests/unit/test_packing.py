@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from plrl_workers.models import tiny
 from plrl_workers.rl import losses, packing, step
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from plrl_operator import phases
 from plrl_operator.phases import Observed, Phase
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from plrl_operator import plan_cli
 
 JOB = """\

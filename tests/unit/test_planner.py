@@ -9,6 +9,7 @@ import pathlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from plrl_operator import spec
 from plrl_operator.policy import planner, utilisation
 

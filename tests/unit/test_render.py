@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from plrl_operator import render, render_cli, spec
 from plrl_operator.render import common
 

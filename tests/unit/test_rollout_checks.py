@@ -8,6 +8,7 @@ import math
 import hypothesis
 import hypothesis.strategies as st
 import numpy
+
 from plrl_workers import coordinator_checks, types
 
 CURRENT = 3

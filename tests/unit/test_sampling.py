@@ -9,6 +9,7 @@ checked in `tests/engines/test_sampling_vllm.py`.)
 from __future__ import annotations
 
 import torch
+
 from plrl_workers.engines import sampling
 
 

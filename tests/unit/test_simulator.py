@@ -6,6 +6,7 @@ import dataclasses
 import pathlib
 
 import pytest
+
 from plrl_operator import simulate_cli
 from plrl_operator.policy import autoscaler, planner, simulator, utilisation
 

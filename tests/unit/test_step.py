@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from plrl_operator import spec
 from plrl_workers import types
 from plrl_workers.engines import training

@@ -17,6 +17,7 @@ import textwrap
 import uuid
 
 import pytest
+
 from plrl_operator import spec
 from plrl_workers.models import tiny
 from plrl_workers.tasks import arith, base, jsonl, rewards

@@ -12,6 +12,7 @@ import collections.abc
 import pathlib
 
 import pytest
+
 from plrl_workers.models import tiny
 from plrl_workers.tasks import base, evaluate, rewards, warm_start
 

@@ -12,6 +12,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 import torch
+
 from plrl_workers.weight_sync import base, buckets, packing, snapshot
 
 DTYPES = sorted(base.ITEMSIZE)

@@ -19,6 +19,7 @@ import json
 import sys
 
 import torch
+
 from plrl_workers.weight_sync import base, groups, receiver
 
 

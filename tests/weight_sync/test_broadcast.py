@@ -25,6 +25,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
 from plrl_workers import coordinator
 from plrl_workers.rpc import server
 from plrl_workers.weight_sync import base, sender, snapshot

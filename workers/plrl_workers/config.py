@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from typing import Literal
 
 import pydantic
-from plrl_operator import spec as spec_mod
 from pydantic.alias_generators import to_camel
+
+from plrl_operator import spec as spec_mod
 
 Role = Literal["generator", "trainer"]
 

@@ -29,9 +29,9 @@ import time
 from typing import Any
 
 import yaml
+
 from plrl_operator import spec as spec_mod
 from plrl_operator.policy import planner
-
 from plrl_workers import config as config_mod
 from plrl_workers import report, supervisor
 

@@ -22,6 +22,7 @@ import sys
 import time
 
 import torch
+
 from plrl_operator.policy import utilisation
 
 # Dense bf16 tensor-core peaks (TFLOP/s) from vendor datasheets; the first name fragment that

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import torch
-    from plrl_operator import spec as spec_mod
 
+    from plrl_operator import spec as spec_mod
     from plrl_workers.engines import base
 
 

@@ -36,7 +36,6 @@ from plrl_workers.rl import advantages, lag, losses, packing
 
 if TYPE_CHECKING:
     from plrl_operator import spec as spec_mod
-
     from plrl_workers.engines import base
 
 
