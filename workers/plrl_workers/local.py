@@ -237,7 +237,11 @@ def _tail(path: pathlib.Path, lines: int = 15) -> str:
 
 
 def supervise(
-    sup: supervisor.Supervisor, job: spec_mod.PipelineRLJob, run_dir: pathlib.Path, quiet: bool
+    sup: supervisor.Supervisor,
+    job: spec_mod.PipelineRLJob,
+    run_dir: pathlib.Path,
+    quiet: bool,
+    peak: PeakMemory,
 ) -> int:
     """Wait for trainer rank 0 to finish; restart dead generators; fail on a dead trainer."""
     total = job.spec.training.total_steps
@@ -276,7 +280,27 @@ def supervise(
             restarts += 1
             print(f"{name} exited with code {code}; restarting it ({restarts}/{max_restarts})", flush=True)
             sup.restart(name)
+        peak.sample(sup)
         time.sleep(0.5)
+
+
+class PeakMemory:
+    """Largest total resident memory of the run's processes (children of children included)."""
+
+    def __init__(self) -> None:
+        self.peak_bytes = 0
+
+    def sample(self, sup: supervisor.Supervisor) -> None:
+        import psutil
+
+        total = 0
+        for r in sup.running.values():
+            try:
+                root = psutil.Process(r.proc.pid)
+                total += sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+            except psutil.Error:
+                continue  # exited between listing and reading
+        self.peak_bytes = max(self.peak_bytes, total)
 
 
 def run(job_path: pathlib.Path, run_dir: pathlib.Path, quiet: bool = False) -> int:
@@ -294,6 +318,7 @@ def run(job_path: pathlib.Path, run_dir: pathlib.Path, quiet: bool = False) -> i
         flush=True,
     )
     sup = supervisor.Supervisor()
+    peak = PeakMemory()
     interrupted = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -303,14 +328,14 @@ def run(job_path: pathlib.Path, run_dir: pathlib.Path, quiet: bool = False) -> i
     try:
         for spec in specs:
             sup.start(spec)
-        code = supervise(sup, job, run_dir, quiet)
+        code = supervise(sup, job, run_dir, quiet, peak)
     except KeyboardInterrupt:
         interrupted = True
         code = 130
     finally:
         sup.stop()
     rows = report.read_metrics(run_dir)
-    summary = report.summarize(rows)
+    summary = report.summarize(rows) | {"peak_rss_mb": round(peak.peak_bytes / 2**20)}
     report.write_summary(run_dir, summary)
     if rows:
         report.plot(rows, run_dir / report.REPORT_FILE, title=job.metadata.name)

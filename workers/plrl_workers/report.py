@@ -86,6 +86,11 @@ def summary_text(summary: dict[str, Any]) -> str:
             f"throughput: generated {summary['generated_tokens_per_s']:.0f} tok/s, "
             f"trained {summary['trained_tokens_per_s']:.0f} tok/s",
             "prompts: " + ", ".join(f"{k} {v}" for k, v in p.items()),
+            *(
+                [f"peak memory of the run's processes: {summary['peak_rss_mb']} MB"]
+                if "peak_rss_mb" in summary
+                else []
+            ),
         ]
     )
 
