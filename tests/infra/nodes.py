@@ -63,7 +63,8 @@ class Pool:
 
     @classmethod
     def fresh(cls, count: int) -> Pool:
-        name = uuid.uuid4().hex[:8]
+        # A leading letter: an all-hex name like 1234e567 is a float to Go's YAML parser.
+        name = "p" + uuid.uuid4().hex[:7]
         return cls(name, tuple(f"gpu-{name}-{i}" for i in range(count)))
 
 
