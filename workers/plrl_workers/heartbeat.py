@@ -358,7 +358,7 @@ class Heartbeat:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=REQUEST_TIMEOUT_S + 5)
-        if final:
+        if final and not self._thread.is_alive():  # never two renewals at once
             self.beat()
         self._api.close()
 
