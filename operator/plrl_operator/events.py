@@ -17,3 +17,4 @@ RESUMED = "Resumed"  # spec.suspend cleared: workers scaled back
 INVALID_SPEC = "InvalidSpec"  # the spec failed validation the API server could not do
 UNSCHEDULABLE = "Unschedulable"  # pods cannot be scheduled (e.g. too few GPUs)
 RECONCILE_FAILED = "ReconcileFailed"  # an API call failed; retried with backoff
+HEARTBEAT_TIMEOUT = "HeartbeatTimeout"  # a worker stopped renewing its Lease

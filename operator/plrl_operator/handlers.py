@@ -113,6 +113,7 @@ def job_pods(
             "metadata": {
                 "name": meta.get("name"),
                 "labels": dict(labels),
+                "creationTimestamp": meta.get("creationTimestamp"),
                 "deletionTimestamp": meta.get("deletionTimestamp"),
             },
             "spec": {"nodeName": spec.get("nodeName")},
@@ -123,11 +124,12 @@ def job_pods(
 
 @kopf.index("coordination.k8s.io", "v1", "leases", labels=_CHILD_LABELS)
 def job_leases(
-    namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, **_: Any
+    namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, spec: kopf.Spec, **_: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
     return {
         _key(namespace, labels): {
-            "metadata": {"name": meta.get("name"), "annotations": dict(meta.annotations)}
+            "metadata": {"name": meta.get("name"), "annotations": dict(meta.annotations)},
+            "spec": {"holderIdentity": spec.get("holderIdentity"), "renewTime": spec.get("renewTime")},
         }
     }
 
@@ -282,6 +284,14 @@ def _post_transitions(body: kopf.Body, old: status.JobStatus, new: status.JobSta
         and (sched_old is None or sched_old.reason != "Unschedulable")
     ):
         kopf.warn(body, reason=events.UNSCHEDULABLE, message=sched_new.message)
+    health_old = next((c for c in old.conditions if c.type == status.HEALTHY), None)
+    health_new = next((c for c in new.conditions if c.type == status.HEALTHY), None)
+    if (
+        health_new is not None
+        and health_new.status == "False"
+        and (health_old is None or health_old.status != "False")
+    ):
+        kopf.warn(body, reason=events.HEARTBEAT_TIMEOUT, message=health_new.message)
 
 
 def _update_phase_gauge() -> None:

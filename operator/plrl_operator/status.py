@@ -4,8 +4,9 @@
 pods, worker Leases) into the status object; `handlers` writes it only when `changed()` says so,
 so an unchanged job costs no write. Conditions keep their `lastTransitionTime` until their status
 flips. Progress fields (step, lag, reward, throughput) come from the coordinator's Lease: the
-runtime writes a `Progress` JSON into its `pipelinerl.io/progress` annotation (the seam the
-runtime fills; until then they stay empty).
+runtime (`plrl_workers.heartbeat`) writes a `Progress` JSON into its `pipelinerl.io/progress`
+annotation. The `WorkersHealthy` condition comes from every worker pod's Lease `renewTime`: a pod
+whose worker has not renewed within `spec.heartbeat.timeoutSeconds` is stale.
 
 Neighbours: `plrl_operator.phases` (the phase decision), `plrl_operator.crd` (generates the
 status schema from `JobStatus`), `plrl_operator.k8s` (reads children, writes status).
@@ -33,6 +34,8 @@ PROGRESS_ANNOTATION = "pipelinerl.io/progress"
 SCHEDULED = "PodsScheduled"
 READY = "Ready"
 SUSPENDED = "Suspended"
+HEALTHY = "WorkersHealthy"
+_STALE_LISTED = 5  # stale pods named in the condition's message; the rest are counted
 
 
 class _Model(pydantic.BaseModel):
@@ -42,7 +45,7 @@ class _Model(pydantic.BaseModel):
 class Condition(_Model):
     """A standard Kubernetes condition (metav1.Condition shape)."""
 
-    type: str = Field(description="Condition type: PodsScheduled, Ready or Suspended.")
+    type: str = Field(description="Condition type: PodsScheduled, Ready, Suspended or WorkersHealthy.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One-word CamelCase reason.")
     message: str = Field(default="", description="Human-readable detail, with a hint where one helps.")
@@ -201,10 +204,75 @@ def progress_from_leases(leases: list[dict[str, Any]]) -> Progress | None:
     return None
 
 
+def _time(raw: Any) -> datetime.datetime | None:
+    """An RFC 3339 time (Time or MicroTime) from the API, or None if absent or unreadable."""
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        t = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=datetime.UTC)
+
+
+def heartbeats(
+    job: spec_mod.JobSpec, children: Children, now: datetime.datetime
+) -> tuple[bool | None, str, str]:
+    """(healthy, reason, message) of the WorkersHealthy condition, from the worker pods' Leases.
+
+    Only Leases held by a live pod count (a scaled-away pod's Lease is history), and only if renewed
+    since that pod was created (its predecessor's Lease says nothing about the new worker, which may
+    still be loading its model). None (Unknown) while no worker reports at all.
+    """
+    pods = {
+        str(p["metadata"].get("name")): _time(p["metadata"].get("creationTimestamp"))
+        for p in children.pods
+        if not p.get("metadata", {}).get("deletionTimestamp")
+    }
+    timeout = job.heartbeat.timeout_seconds
+    fresh: list[str] = []
+    stale: list[tuple[str, datetime.datetime]] = []
+    for lease in children.leases:
+        spec = lease.get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        renewed = _time(spec.get("renewTime"))
+        if holder not in pods or renewed is None:
+            continue
+        created = pods[holder]
+        if created is not None and renewed < created:
+            continue
+        if (now - renewed).total_seconds() > timeout:
+            stale.append((holder, renewed))
+        else:
+            fresh.append(holder)
+    if stale:
+        stale.sort()
+        named = ", ".join(
+            f"{pod} (last renewed {t.astimezone(datetime.UTC):%Y-%m-%dT%H:%M:%SZ})"
+            for pod, t in stale[:_STALE_LISTED]
+        )
+        more = f" and {len(stale) - _STALE_LISTED} more" if len(stale) > _STALE_LISTED else ""
+        return (
+            False,
+            "HeartbeatTimeout",
+            f"{len(stale)}/{len(stale) + len(fresh)} workers silent for more than "
+            f"spec.heartbeat.timeoutSeconds={timeout:g}: {named}{more}",
+        )
+    if not fresh:
+        return None, "NoHeartbeats", "no worker has renewed its Lease yet"
+    return True, "HeartbeatsCurrent", f"{len(fresh)} workers renewed their Lease within {timeout:g}s"
+
+
 def _condition(
-    previous: JobStatus, ctype: str, ok: bool, reason: str, message: str, generation: int | None, now: str
+    previous: JobStatus,
+    ctype: str,
+    ok: bool | None,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: str,
 ) -> Condition:
-    status: Literal["True", "False"] = "True" if ok else "False"
+    status: Literal["True", "False", "Unknown"] = "Unknown" if ok is None else "True" if ok else "False"
     old = next((c for c in previous.conditions if c.type == ctype), None)
     since = old.last_transition_time if old is not None and old.status == status else now
     return Condition(
@@ -261,6 +329,7 @@ def compute_status(
             gen,
             stamp,
         ),
+        _condition(previous, HEALTHY, *heartbeats(job.spec, children, now), gen, stamp),
     ]
     progress = progress_from_leases(children.leases)
     start = previous.start_time or (stamp if phase is phases.Phase.RUNNING else None)

@@ -4,7 +4,9 @@ Cases: a new job is Pending; pods rejected for too few GPUs give PodsScheduled=F
 with the scheduler's words and a hint; all pods ready on the current revision is Running with
 Ready=True; a spec change rolling out is Scaling; suspend is Suspended; recomputing from the same
 inputs later changes nothing (so no write); the coordinator's Lease fills step/lag/reward; I comes
-from the spec, else status, else the planner; child-write decisions (`k8s.needs_write`).
+from the spec, else status, else the planner; child-write decisions (`k8s.needs_write`); the
+WorkersHealthy condition from the worker pods' Lease renewTimes (current, one silent past
+heartbeat.timeoutSeconds, none yet, Leases of gone pods and of a pod's predecessor ignored).
 """
 
 from __future__ import annotations
@@ -228,3 +230,56 @@ def test_needs_write() -> None:
     }
     assert k8s.needs_write(secret, None)
     assert not k8s.needs_write(secret, {"metadata": {}})  # never rotated by a reconcile
+
+
+def _beat(pod: str, renewed: datetime.datetime) -> dict[str, Any]:
+    """A worker Lease as the operator's index holds it."""
+    return {
+        "metadata": {"name": f"demo-{pod}", "annotations": {}},
+        "spec": {"holderIdentity": pod, "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")},
+    }
+
+
+def _health(children: status.Children, now: datetime.datetime, **spec_overrides: Any) -> status.Condition:
+    job = _job(heartbeat={"intervalSeconds": 5, "timeoutSeconds": 30}, **spec_overrides)
+    return _cond(
+        status.compute_status(job, 2, children, status.JobStatus(phase="Running"), now), "WorkersHealthy"
+    )
+
+
+def test_workers_healthy_while_every_lease_is_renewed_within_the_timeout() -> None:
+    children = _running_children()
+    children.leases.extend(_beat(p["metadata"]["name"], T0) for p in children.pods)
+    c = _health(children, T0 + datetime.timedelta(seconds=29))
+    assert (c.status, c.reason) == ("True", "HeartbeatsCurrent")
+    assert c.message == "4 workers renewed their Lease within 30s"
+
+
+def test_a_silent_worker_is_named_with_its_last_renewal() -> None:
+    children = _running_children()
+    children.leases.extend(_beat(p["metadata"]["name"], T1) for p in children.pods[1:])
+    children.leases.append(_beat("demo-generator-0", T0))
+    c = _health(children, T1 + datetime.timedelta(seconds=10))  # gen-0 silent for 5 min 10 s
+    assert (c.status, c.reason) == ("False", "HeartbeatTimeout")
+    assert c.message == (
+        "1/4 workers silent for more than spec.heartbeat.timeoutSeconds=30: "
+        "demo-generator-0 (last renewed 2026-01-01T12:00:00Z)"
+    )
+    # Still silent 10 s later (the others still current): same message, so no new status write.
+    assert _health(children, T1 + datetime.timedelta(seconds=20)).message == c.message
+
+
+def test_no_lease_yet_is_unknown() -> None:
+    c = _health(_running_children(), T0)
+    assert (c.status, c.reason) == ("Unknown", "NoHeartbeats")
+
+
+def test_leases_of_gone_pods_and_of_a_pods_predecessor_are_ignored() -> None:
+    children = _running_children()
+    children.pods[0]["metadata"]["creationTimestamp"] = "2026-01-01T12:04:00Z"  # gen-0 was replaced at 12:04
+    children.leases.append(_beat("demo-generator-0", T0))  # its predecessor's last renewal (12:00)
+    children.leases.append(_beat("demo-generator-7", T0))  # a pod scaled away long ago
+    assert _health(children, T1).reason == "NoHeartbeats"
+    children.leases.append(_beat("demo-trainer-0", T1))
+    c = _health(children, T1)
+    assert (c.status, c.message) == ("True", "1 workers renewed their Lease within 30s")

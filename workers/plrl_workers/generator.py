@@ -15,7 +15,8 @@ never runs far ahead of the trainers; the control stream is still served meanwhi
 broadcast never waits on a generator stuck in backpressure.
 
 Neighbours: `engines/` (decoding), `rpc/client.py` + `rpc/rollout_stream.py` (coordinator),
-`tasks/rewards.py` (scoring), `metrics.py` (/metrics), `config.py` (settings).
+`tasks/rewards.py` (scoring), `metrics.py` (/metrics), `heartbeat.py` (the pod's Lease in a cluster),
+`config.py` (settings).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import grpc
 
 from plrl_workers import config as config_mod
-from plrl_workers import coordinator, coordinator_control, metrics, types
+from plrl_workers import coordinator, coordinator_control, heartbeat, metrics, types
 from plrl_workers.engines import base as engines
 from plrl_workers.rpc import client as client_mod
 from plrl_workers.rpc import rollout_stream
@@ -267,6 +268,18 @@ class Generator:
                 continue
             self._decode()
 
+    def heartbeat_report(self, capacity: int) -> heartbeat.Report:
+        """Weight version, tokens/s, groups awaiting the coordinator and slots in use (another thread)."""
+        with self._unacked_lock:
+            backlog = self._unacked
+        return heartbeat.generator_report(
+            weight_version=self.engine.weight_version,
+            tokens_per_second=self.metrics.generated_tokens_per_second() if self.metrics else 0.0,
+            in_flight=self.engine.num_in_flight(),
+            capacity=capacity,
+            queue_depth=backlog,
+        )
+
     def close(self) -> None:
         self._control.cancel()
         self._stream.close()
@@ -346,9 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     if gen.metrics is not None:
         gen.metrics.serve(ident.metrics_port or cfg.ports.metrics, host=ident.bind_host)
     signal.signal(signal.SIGTERM, lambda *_: gen.stop())
+    beat = heartbeat.start(cfg, lambda: gen.heartbeat_report(capacity))
     try:
         gen.run(capacity)
     finally:
+        if beat is not None:
+            beat.stop()
         gen.engine.close()
         gen.coord.close()
     log.info("generator %s done (%d refused rollouts)", gen.generator_id, gen.refused)

@@ -129,6 +129,14 @@ class WorkerMetrics:
         self.trained_tokens.inc(n)
         self._trained.add(n)
 
+    def generated_tokens_per_second(self) -> float:
+        """Generated tokens/s over the last window (what the /metrics gauge shows)."""
+        return self._generated.rate()
+
+    def trained_tokens_per_second(self) -> float:
+        """Trained tokens/s over the last window (what the /metrics gauge shows)."""
+        return self._trained.rate()
+
     def observe_lag(self, mean: float, max_: float) -> None:
         self.lag.labels("mean").set(mean)
         self.lag.labels("max").set(max_)

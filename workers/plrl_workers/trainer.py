@@ -15,7 +15,8 @@ weight broadcaster, and the run's metrics log. Every optimizer step:
    coordinator's prompt accounting, so a restarted job neither loses nor repeats a prompt.
 
 Neighbours: `coordinator.py`, `rpc/server.py`, `weight_sync/sender.py`, `rl/step.py`,
-`engines/training.py`, `checkpoint.py`, `tasks/` (the prompt source), `report.py` (metrics file).
+`engines/training.py`, `checkpoint.py`, `tasks/` (the prompt source), `report.py` (metrics file),
+`heartbeat.py` (in a cluster: each pod's Lease; rank 0's carries the job's progress).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plrl_workers import checkpoint, coordinator, metrics, report, types
+from plrl_workers import checkpoint, coordinator, heartbeat, metrics, report, types
 from plrl_workers import config as config_mod
 from plrl_workers.engines import base as engines
 from plrl_workers.engines import training
@@ -137,6 +138,7 @@ class Coordination:
         self.started: float | None = None
         self.generated_tokens = 0
         self.trained_tokens = 0
+        self.last_row: dict[str, Any] | None = None  # read by the heartbeat thread
 
     def take(self, n_groups: int, stop: threading.Event) -> list[types.RolloutGroup]:
         groups: list[types.RolloutGroup] = []
@@ -178,6 +180,7 @@ class Coordination:
             "version": int(train_metrics.get("version", step)),
             "elapsed_s": round(elapsed, 3),
             "step_s": round(step_s, 4),
+            "busy_s": round(busy_s, 4),
             **{k: v for k, v in stats.items() if k != "completion_tokens"},
             # Whole-run averages (comparable between pipeline and conventional runs) ...
             "generated_tokens_per_s": self.generated_tokens / elapsed if elapsed > 0 else 0.0,
@@ -192,6 +195,7 @@ class Coordination:
         self.metrics.weight_version.set(train_metrics.get("version", step))
         self.metrics.add_trained_tokens(int(train_metrics.get("input_tokens", 0)))
         self.metrics.step_seconds.observe(step_s)
+        self.last_row = row
         if self.run_dir is not None:
             with (self.run_dir / report.METRICS_FILE).open("a") as f:
                 f.write(json.dumps(row, default=float) + "\n")
@@ -242,10 +246,29 @@ class TrainLoop:
         if self.hub is not None:
             self.hub.coord.finish_step(self.engine.version)
         self.rl_cfg = rl_step.RLConfig.from_spec(spec)
+        self.closing = False
+        # One Lease per pod, so only its first rank renews it (a no-op outside a cluster).
+        self.heartbeat = heartbeat.start(cfg, self.heartbeat_report) if ranks.local_rank == 0 else None
 
     @property
     def done(self) -> bool:
         return self.step >= self.total_steps
+
+    def heartbeat_report(self) -> heartbeat.Report:
+        """This rank's Lease annotations; rank 0's carry the job's progress (called by the heartbeat)."""
+        hub = self.hub
+        if hub is None:
+            return heartbeat.Report(role="trainer", weight_version=self.engine.version)
+        return heartbeat.trainer_report(
+            hub.last_row,
+            step=self.step,
+            weight_version=self.engine.version,
+            # Only once the last step is checkpointed and the loop is shutting down: the operator
+            # takes `finished` as the job having succeeded.
+            finished=self.done and self.closing,
+            tokens_per_second=hub.metrics.trained_tokens_per_second(),
+            queue_depth=hub.coord.stats().accounting.buffered,
+        )
 
     def train_one(self) -> bool:
         """One optimizer step on B fresh samples; False if the job stopped before a full batch."""
@@ -285,6 +308,9 @@ class TrainLoop:
             self.hub.publish(self.engine)
 
     def close(self) -> None:
+        self.closing = True
+        if self.heartbeat is not None:
+            self.heartbeat.stop()  # a last renewal, saying `finished` if the job is done
         if self.hub is not None:
             self.hub.close()
         self.engine.close()
