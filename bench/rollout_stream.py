@@ -9,8 +9,8 @@ prompts and streams one RolloutGroup per lease on one SubmitRollouts stream. Two
 
 MB/s counts serialized message bytes; each row is the best of `--repeats` runs (the machine is
 shared, so the best run is the least disturbed one; the median is printed beside it). A last
-section splits the coordinator's per-group CPU time in one process: decoding to numpy views plus
-the vectorised checks, against materialising the `list`s that `types.Sample` holds.
+section splits the per-group CPU time in one process: the client's encoding, the server's parse
+and decode (zero-copy numpy views into `types.Sample`) and the coordinator's per-token checks.
 Goal (issue 2): >= 100 MB/s.
 
     .venv/bin/python bench/rollout_stream.py [--groups 400] [--samples 8] [--tokens 1024]
@@ -95,8 +95,8 @@ def main() -> None:
                     prompt_token_ids=list(lease.prompt.token_ids),
                     samples=[
                         types.Sample(
-                            token_ids=rng.integers(0, 150_000, n).tolist(),
-                            logprobs=(-rng.random(n, dtype=numpy.float32)).tolist(),
+                            token_ids=rng.integers(0, 150_000, n, dtype=numpy.int32),
+                            logprobs=-rng.random(n, dtype=numpy.float32),
                             versions=[0] * (n // 2) + [newest] * (n - n // 2),  # updated mid-sample
                             reward=1.0,
                             finish_reason="length",
@@ -151,7 +151,7 @@ def main() -> None:
 
 
 def _server_split(samples: int, tokens: int) -> None:
-    """Per-group CPU of the coordinator's intake, in this process, split by stage."""
+    """Per-group CPU of encoding, decoding and checking, in this process, split by stage."""
     import numpy
 
     from plrl_workers import coordinator_checks, types
@@ -159,14 +159,15 @@ def _server_split(samples: int, tokens: int) -> None:
     from plrl_workers.rpc.generated import plrl_pb2 as pb
 
     rng = numpy.random.default_rng(1)
+    prompt = types.Prompt(0, "q", "a", tuple(range(128)))
     group = types.RolloutGroup(
         "lease",
-        0,
-        list(range(128)),
+        prompt.prompt_id,
+        list(prompt.token_ids),
         [
             types.Sample(
-                rng.integers(0, 150_000, tokens).tolist(),
-                (-rng.random(tokens, dtype=numpy.float32)).tolist(),
+                rng.integers(0, 150_000, tokens, dtype=numpy.int32),
+                -rng.random(tokens, dtype=numpy.float32),
                 [0] * tokens,
                 1.0,
                 "length",
@@ -185,16 +186,21 @@ def _server_split(samples: int, tokens: int) -> None:
             best = min(best, time.perf_counter() - start)
         return best
 
-    def views_and_checks() -> None:
-        m = pb.RolloutGroup.FromString(wire)
-        for t, lp, v in convert.sample_arrays(m):
-            coordinator_checks.check_sample_arrays(t, lp, v, current_version=1)
-
-    m = pb.RolloutGroup.FromString(wire)
+    decoded = convert.group_from_pb(pb.RolloutGroup.FromString(wire))
     stages = [
         ("client: encode types -> bytes", timed(lambda: convert.group_to_pb(group).SerializeToString())),
-        ("server: parse + numpy views + checks", timed(views_and_checks)),
-        ("server: views -> lists (types.Sample)", timed(lambda: convert.group_from_pb(m))),
+        (
+            "server: parse + decode (numpy views)",
+            timed(lambda: convert.group_from_pb(pb.RolloutGroup.FromString(wire))),
+        ),
+        (
+            "coordinator: per-token checks",
+            timed(
+                lambda: coordinator_checks.check_group(
+                    decoded, prompt, samples_per_prompt=samples, current_version=1
+                )
+            ),
+        ),
     ]
     print(f"per-group CPU, one process, best of 50 ({len(wire) / 1e3:.0f} KB per group):")
     for name, seconds in stages:

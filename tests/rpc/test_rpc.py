@@ -16,7 +16,6 @@ import threading
 from collections.abc import Iterator
 
 import grpc
-import numpy
 import pytest
 import torch
 
@@ -115,8 +114,10 @@ def test_lease_submit_take_round_trip(cli: client.CoordinatorClient, coord: coor
     for got, want in zip(taken, sent, strict=True):
         assert got.prompt_token_ids == want.prompt_token_ids and got.generator_id == "gen-0"
         for gs, ws in zip(got.samples, want.samples, strict=True):
-            assert gs.token_ids == ws.token_ids and gs.versions == ws.versions
-            assert gs.logprobs == numpy.float32(ws.logprobs).tolist()  # float32 on the wire
+            # Bit-exact, and the same dtypes (int32 ids and versions, float32 logprobs) as sent.
+            for field in ("token_ids", "logprobs", "versions"):
+                got_a, want_a = getattr(gs, field), getattr(ws, field)
+                assert got_a.dtype == want_a.dtype and got_a.tobytes() == want_a.tobytes(), field
             assert (gs.reward, gs.finish_reason) == (ws.reward, ws.finish_reason)
     coord.finish_step(1)
     status = cli.status()
@@ -130,7 +131,7 @@ def test_malformed_rollouts_are_refused_one_by_one_and_the_server_keeps_serving(
     cli.register("gen-0")
     leases = cli.lease_prompts("gen-0", 4).leases
     wrong_lengths = group_for(leases[0])
-    wrong_lengths.samples[1].logprobs.pop()
+    wrong_lengths.samples[1].logprobs = wrong_lengths.samples[1].logprobs[:-1]
     nan = group_for(leases[0])
     nan.samples[2].logprobs[0] = math.nan
     future = group_for(leases[0], version=5)

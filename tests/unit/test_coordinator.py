@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import hypothesis
 import hypothesis.strategies as st
+import numpy
 import pydantic
 import pytest
 
@@ -128,7 +129,7 @@ def test_dead_or_replaced_generators_lose_their_leases_to_the_queue() -> None:
 def _bad(kind: str, g: types.RolloutGroup) -> None:
     s = g.samples[0]
     if kind == "lengths":
-        s.logprobs.append(-1.0)
+        s.logprobs = numpy.append(s.logprobs, -1.0)
     elif kind == "nan_logprob":
         s.logprobs[1] = math.nan
     elif kind == "inf_logprob":

@@ -321,12 +321,8 @@ class Coordinator:
 
     # ---- rollouts --------------------------------------------------------------------------
 
-    def submit(self, group: types.RolloutGroup, *, tokens_checked: bool = False) -> SubmitResult:
-        """Validate and buffer one group; blocks up to `Config.submit_wait_s` while the buffer is full.
-
-        `tokens_checked`: the caller already ran `coordinator_checks.check_sample_arrays` on every
-        sample (the RPC server does, vectorised), so the per-token checks are skipped here.
-        """
+    def submit(self, group: types.RolloutGroup) -> SubmitResult:
+        """Validate and buffer one group; blocks up to `Config.submit_wait_s` while the buffer is full."""
         with self._cond:
             self._expire_locked()
             lease = self._leases.get(group.lease_id)
@@ -339,7 +335,6 @@ class Coordinator:
                 samples_per_prompt=self.config.samples_per_prompt,
                 current_version=version,
                 vocab_size=self.config.vocab_size,
-                tokens_checked=tokens_checked,
             )
         if refusal is not None:
             return self.refuse(group.lease_id, group.generator_id, *refusal)

@@ -34,6 +34,7 @@ import threading
 import time
 from typing import Any
 
+import numpy
 import torch
 import torch.distributed as dist
 
@@ -71,12 +72,12 @@ def checkpoint_root(cfg: config_mod.WorkerConfig) -> pathlib.Path:
 def batch_stats(groups: list[types.RolloutGroup], version: int) -> dict[str, float]:
     """Reward, lag and version mixing of one optimizer batch, as the run's metrics log reports them."""
     samples = [s for g in groups for s in g.samples]
-    lags = [version - v for s in samples for v in s.versions]
+    versions = numpy.concatenate([numpy.zeros(0, numpy.int32)] + [s.versions for s in samples])
     return {
         "reward_mean": sum(s.reward for s in samples) / len(samples) if samples else float("nan"),
-        "lag_mean": sum(lags) / len(lags) if lags else 0.0,
-        "lag_max": max(lags, default=0),
-        "mixed_version_samples": sum(1 for s in samples if len(set(s.versions)) > 1),
+        "lag_mean": float(version - versions.mean()) if len(versions) else 0.0,
+        "lag_max": int(version - versions.min()) if len(versions) else 0,
+        "mixed_version_samples": sum(1 for s in samples if len(numpy.unique(s.versions)) > 1),
         "completion_tokens": sum(len(s.token_ids) for s in samples),
     }
 

@@ -17,8 +17,9 @@ The remaining samples keep their leave-one-out advantages computed from all G re
 baseline of sample i uses only the other samples' rewards, so it stays independent of sample i
 when some of them are dropped.
 
-Pure Python. Neighbours: `rl/advantages.py`, `rl/step.py` (builds training sequences from the
-kept samples), `rl/packing.py` (carries per-token versions so the step reports the lag it trained).
+Pure (numpy over each sample's `versions`). Neighbours: `rl/advantages.py`, `rl/step.py` (builds
+training sequences from the kept samples), `rl/packing.py` (carries per-token versions so the step
+reports the lag it trained).
 """
 
 from __future__ import annotations
@@ -26,15 +27,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy
+import numpy.typing as npt
+
 from plrl_workers import types
 
 DROP = "drop"
 DOWNWEIGHT = "downweight"
 
 
-def sample_lag(versions: Sequence[int], trainer_version: int) -> int:
+def sample_lag(versions: npt.ArrayLike, trainer_version: int) -> int:
     """Lag of the sample's oldest token (0 for an empty completion)."""
-    return trainer_version - min(versions) if versions else 0
+    v = numpy.asarray(versions)
+    return trainer_version - int(v.min()) if v.size else 0
 
 
 def weight_for(lag: int, max_lag: int, policy: str) -> float | None:
@@ -77,17 +82,18 @@ def apply(
     for group in groups:
         row: list[float | None] = []
         for s in group.samples:
-            w = weight_for(sample_lag(s.versions, trainer_version), max_lag, policy)
+            lag = sample_lag(s.versions, trainer_version)
+            w = weight_for(lag, max_lag, policy)
             row.append(w)
             samples += 1
             dropped += w is None
             downweighted += w is not None and w < 1.0
-            multi += len(set(s.versions)) > 1
-            for v in s.versions:
-                lag = trainer_version - v
-                lag_sum += lag
+            n = len(s.versions)
+            if n:
+                multi += bool((s.versions != s.versions[0]).any())
+                lag_sum += trainer_version * n - int(s.versions.sum(dtype=numpy.int64))
                 lag_max = max(lag_max, lag)
-            tokens += len(s.versions)
+            tokens += n
         groups_dropped += bool(row) and all(w is None for w in row)
         weights.append(row)
     stats = LagStats(

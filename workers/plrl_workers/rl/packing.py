@@ -26,21 +26,28 @@ Neighbours: `rl/step.py` (builds `TrainSequence`s from rollouts, runs the forwar
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
+import numpy
+import numpy.typing as npt
 import torch
+
+Ints = Sequence[int] | npt.NDArray[numpy.integer[Any]]
+Floats = Sequence[float] | npt.NDArray[numpy.floating[Any]]
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainSequence:
     """One sample ready for training: the prompt, the completion and its per-token data."""
 
-    prompt_ids: Sequence[int]
-    completion_ids: Sequence[int]
-    behaviour_logprobs: Sequence[float]
+    prompt_ids: Ints
+    completion_ids: Ints
+    behaviour_logprobs: Floats
     """Log-probability of each completion token under the sampler's (temperature-scaled) policy."""
-    versions: Sequence[int]
+    versions: Ints
     """Weight version that produced each completion token."""
     advantage: float
     weight: float = 1.0
@@ -53,7 +60,7 @@ class TrainSequence:
                 f"{n} completion tokens but {len(self.behaviour_logprobs)} logprobs and "
                 f"{len(self.versions)} versions"
             )
-        if not self.prompt_ids:
+        if len(self.prompt_ids) == 0:
             raise ValueError("a training sequence needs at least one prompt token")
 
     def __len__(self) -> int:
@@ -137,47 +144,48 @@ def split_ranks(lengths: Sequence[int], world_size: int) -> list[list[int]]:
 
 def collate(seqs: Sequence[TrainSequence], batch_tokens: int, grad_scale: float = 1.0) -> MicroBatch:
     """Lay `seqs` out back to back in one row (no padding); see the module docstring for alignment."""
-    input_ids: list[int] = []
-    position_ids: list[int] = []
-    segment_ids: list[int] = []
-    target_ids: list[int] = []
-    loss_mask: list[bool] = []
-    behaviour: list[float] = []
-    advantages: list[float] = []
-    versions: list[int] = []
-    weights: list[float] = []
+    num_sequences = len(seqs)
+    if not seqs:  # padding for a rank with less data: one token, no loss
+        seqs = [TrainSequence([0], [], [], [], advantage=0.0, weight=0.0)]
+    cols: dict[str, list[npt.NDArray[Any]]] = collections.defaultdict(list)
     for k, s in enumerate(seqs):
-        ids = [*s.prompt_ids, *s.completion_ids]
+        ids = numpy.concatenate(
+            [numpy.asarray(s.prompt_ids, numpy.int64), numpy.asarray(s.completion_ids, numpy.int64)]
+        )
         n, p = len(ids), len(s.prompt_ids)
-        input_ids += ids
-        position_ids += range(n)
-        segment_ids += [k] * n
-        target_ids += [*ids[1:], 0]
         # Position t predicts token t+1; completion token j sits at p+j, predicted at p+j-1.
-        pad = p - 1
-        loss_mask += [False] * pad + [True] * (n - p) + [False]
-        behaviour += [0.0] * pad + [float(x) for x in s.behaviour_logprobs] + [0.0]
-        advantages += [0.0] * pad + [float(s.advantage)] * (n - p) + [0.0]
-        versions += [0] * pad + [int(v) for v in s.versions] + [0]
-        weights += [0.0] * pad + [float(s.weight)] * (n - p) + [0.0]
-    if not input_ids:
-        # An empty micro-batch (padding for a rank with less data): one token, no loss.
-        input_ids, position_ids, segment_ids, target_ids = [0], [0], [0], [0]
-        loss_mask, behaviour, advantages, versions, weights = [False], [0.0], [0.0], [0], [0.0]
+        on = slice(p - 1, n - 1)
+        cols["input_ids"].append(ids)
+        cols["position_ids"].append(numpy.arange(n, dtype=numpy.int64))
+        cols["segment_ids"].append(numpy.full(n, k, dtype=numpy.int64))
+        cols["target_ids"].append(numpy.append(ids[1:], 0))
+        cols["loss_mask"].append(_spread(True, on, n, numpy.bool_))
+        cols["behaviour_logprobs"].append(_spread(s.behaviour_logprobs, on, n, numpy.float32))
+        cols["advantages"].append(_spread(s.advantage, on, n, numpy.float32))
+        cols["versions"].append(_spread(s.versions, on, n, numpy.int64))
+        cols["weights"].append(_spread(s.weight, on, n, numpy.float32))
+    t = {name: torch.from_numpy(numpy.concatenate(parts)) for name, parts in cols.items()}
     return MicroBatch(
-        input_ids=torch.tensor([input_ids], dtype=torch.long),
-        position_ids=torch.tensor([position_ids], dtype=torch.long),
-        segment_ids=torch.tensor([segment_ids], dtype=torch.long),
-        target_ids=torch.tensor(target_ids, dtype=torch.long),
-        loss_mask=torch.tensor(loss_mask, dtype=torch.bool),
-        behaviour_logprobs=torch.tensor(behaviour, dtype=torch.float32),
-        advantages=torch.tensor(advantages, dtype=torch.float32),
-        versions=torch.tensor(versions, dtype=torch.long),
-        weights=torch.tensor(weights, dtype=torch.float32),
-        num_sequences=len(seqs),
+        input_ids=t["input_ids"][None],
+        position_ids=t["position_ids"][None],
+        segment_ids=t["segment_ids"][None],
+        target_ids=t["target_ids"],
+        loss_mask=t["loss_mask"],
+        behaviour_logprobs=t["behaviour_logprobs"],
+        advantages=t["advantages"],
+        versions=t["versions"],
+        weights=t["weights"],
+        num_sequences=num_sequences,
         batch_tokens=batch_tokens,
         grad_scale=grad_scale,
     )
+
+
+def _spread(values: Any, on: slice, n: int, dtype: type[numpy.generic]) -> npt.NDArray[Any]:
+    """Length-`n` zeros with `values` (a scalar or one per completion token) at the loss positions."""
+    out = numpy.zeros(n, dtype=dtype)
+    out[on] = values
+    return out
 
 
 def plan(seqs: Sequence[TrainSequence], world_size: int, capacity: int) -> list[list[MicroBatch]]:

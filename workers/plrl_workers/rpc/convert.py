@@ -9,7 +9,6 @@ the server turns that into an INVALID_ARGUMENT ack. Neighbours: `rpc/server.py`,
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy
@@ -25,11 +24,12 @@ F32 = numpy.dtype("<f4")
 Message = Any  # generated protobuf classes are untyped here (see pyproject's mypy overrides)
 
 
-def pack_i32(values: Sequence[int]) -> bytes:
-    return numpy.fromiter(values, dtype=I32, count=len(values)).tobytes()
+def pack_i32(values: npt.ArrayLike) -> bytes:
+    """Packed little-endian int32s; an int32 array is copied once, into the bytes."""
+    return numpy.asarray(values, dtype=I32).tobytes()
 
 
-def pack_f32(values: Sequence[float]) -> bytes:
+def pack_f32(values: npt.ArrayLike) -> bytes:
     return numpy.asarray(values, dtype=F32).tobytes()
 
 
@@ -49,9 +49,6 @@ def view_f32(data: bytes, what: str) -> npt.NDArray[numpy.float32]:
 def unpack_i32(data: bytes, what: str) -> list[int]:
     result: list[int] = view_i32(data, what).tolist()
     return result
-
-
-SampleArrays = tuple[npt.NDArray[numpy.int32], npt.NDArray[numpy.float32], npt.NDArray[numpy.int32]]
 
 
 # ---- prompts and leases ------------------------------------------------------------------------
@@ -108,22 +105,8 @@ def group_to_pb(g: types.RolloutGroup) -> Message:
     )
 
 
-def sample_arrays(m: Message) -> list[SampleArrays]:
-    """Zero-copy (token_ids, logprobs, versions) views of every sample of a RolloutGroup message."""
-    return [
-        (
-            view_i32(s.token_ids, f"samples[{i}].token_ids"),
-            view_f32(s.logprobs, f"samples[{i}].logprobs"),
-            view_i32(s.versions, f"samples[{i}].versions"),
-        )
-        for i, s in enumerate(m.samples)
-    ]
-
-
-def group_from_pb(m: Message, arrays: list[SampleArrays] | None = None) -> types.RolloutGroup:
-    """Decode a RolloutGroup message (`arrays`: its `sample_arrays`, if already computed)."""
-    if arrays is None:
-        arrays = sample_arrays(m)
+def group_from_pb(m: Message) -> types.RolloutGroup:
+    """Decode a RolloutGroup message; the samples' arrays are read-only views of its bytes."""
     return types.RolloutGroup(
         lease_id=m.lease_id,
         prompt_id=m.prompt_id,
@@ -131,13 +114,13 @@ def group_from_pb(m: Message, arrays: list[SampleArrays] | None = None) -> types
         generator_id=m.generator_id,
         samples=[
             types.Sample(
-                token_ids=tokens.tolist(),
-                logprobs=logprobs.tolist(),
-                versions=versions.tolist(),
+                token_ids=view_i32(s.token_ids, f"samples[{i}].token_ids"),
+                logprobs=view_f32(s.logprobs, f"samples[{i}].logprobs"),
+                versions=view_i32(s.versions, f"samples[{i}].versions"),
                 reward=s.reward,
                 finish_reason=s.finish_reason,
             )
-            for s, (tokens, logprobs, versions) in zip(m.samples, arrays, strict=True)
+            for i, s in enumerate(m.samples)
         ],
     )
 

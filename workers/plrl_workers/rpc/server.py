@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from plrl_workers import coordinator, coordinator_checks, coordinator_control
+from plrl_workers import coordinator, coordinator_control
 from plrl_workers.rpc import auth, convert
 from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
@@ -88,19 +88,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
             yield convert.ack_to_pb(self._submit_one(m))
 
     def _submit_one(self, m: Any) -> coordinator.SubmitResult:
-        """Per-token checks on the packed arrays (numpy, zero-copy), then the lists for the coordinator."""
         try:
-            arrays = convert.sample_arrays(m)
+            group = convert.group_from_pb(m)  # zero-copy views of the message's packed arrays
         except ValueError as exc:
             return self._coord.refuse(m.lease_id, m.generator_id, coordinator.Code.INVALID_ARGUMENT, str(exc))
-        version = self._coord.weight_version
-        for i, (tokens, logprobs, versions) in enumerate(arrays):
-            problem = coordinator_checks.check_sample_arrays(
-                tokens, logprobs, versions, current_version=version, vocab_size=self._coord.config.vocab_size
-            )
-            if problem is not None:
-                return self._coord.refuse(m.lease_id, m.generator_id, problem[0], f"sample {i}: {problem[1]}")
-        return self._coord.submit(convert.group_from_pb(m, arrays), tokens_checked=True)
+        return self._coord.submit(group)
 
     def Control(self, request: Any, context: Any) -> Iterator[Any]:
         try:
