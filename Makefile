@@ -29,7 +29,7 @@ lint: venv
 	$(VENV)/bin/lint-imports
 
 typecheck: venv
-	$(VENV)/bin/mypy operator/plrl_operator workers/plrl_workers
+	$(VENV)/bin/mypy operator/plrl_operator workers/plrl_workers tests bench
 
 unit: venv
 	$(PY) -m pytest -q tests/unit

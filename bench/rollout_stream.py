@@ -21,16 +21,22 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing
+import multiprocessing.queues
+import multiprocessing.synchronize
 import os
 import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from plrl_workers import types
 
 TOKEN = "bench-token"
 
 
-def _prompts() -> Iterator[object]:
+def _prompts() -> Iterator[types.Prompt]:
     from plrl_workers import types
 
     i = 0
@@ -39,12 +45,14 @@ def _prompts() -> Iterator[object]:
         i += 1
 
 
-def _serve(port_q: multiprocessing.Queue, stop: multiprocessing.Event, samples: int) -> None:  # type: ignore[type-arg]
+def _serve(
+    port_q: multiprocessing.queues.Queue[int], stop: multiprocessing.synchronize.Event, samples: int
+) -> None:
     from plrl_workers import coordinator
     from plrl_workers.rpc import server
 
     coord = coordinator.Coordinator(
-        _prompts(),  # type: ignore[arg-type]
+        _prompts(),
         coordinator.Config(samples_per_prompt=samples, buffer_groups=256, lease_timeout_s=3600),
     )
 
@@ -77,7 +85,7 @@ def main() -> None:
     from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
 
     ctx = multiprocessing.get_context("spawn")
-    port_q: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    port_q: multiprocessing.queues.Queue[int] = ctx.Queue()
     stop = ctx.Event()
     proc = ctx.Process(target=_serve, args=(port_q, stop, args.samples), daemon=True)
     proc.start()

@@ -16,6 +16,8 @@ import argparse
 import random
 import tempfile
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,13 +25,18 @@ from plrl_workers import types
 from plrl_workers.engines import base
 from plrl_workers.models import tiny
 
+if TYPE_CHECKING:
+    import transformers
+
 
 def useful(tokens: list[int], budget: int, eos: int) -> int:
     n = min(len(tokens), budget)
     return next((i + 1 for i, t in enumerate(tokens[:n]) if t == eos), n)
 
 
-def run_generate(model: torch.nn.Module, reqs: list[tuple[list[int], int]], batch: int, eos: int) -> int:
+def run_generate(
+    model: transformers.PreTrainedModel, reqs: list[tuple[list[int], int]], batch: int, eos: int
+) -> int:
     total = 0
     for b in range(0, len(reqs), batch):
         chunk = reqs[b : b + batch]
@@ -116,10 +123,11 @@ def main() -> None:
             run_generate(model, warm, args.batch, eos)
             run_engine(engine, warm, eos)
             rows = []
-            for name, fn in (
+            runs: tuple[tuple[str, Callable[[], int]], ...] = (
                 ("transformers generate", lambda: run_generate(model, reqs, args.batch, eos)),
                 ("torch engine (continuous)", lambda: run_engine(engine, reqs, eos)),
-            ):
+            )
+            for name, fn in runs:
                 t0 = time.perf_counter()
                 tokens = fn()
                 rows.append((name, tokens, time.perf_counter() - t0))

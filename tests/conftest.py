@@ -80,7 +80,7 @@ def core_api(control_plane: controlplane.Cluster) -> Iterator[client.ApiClient]:
     """An admin kubernetes.client.ApiClient; wrap it in client.CoreV1Api(...) and friends."""
     api = kube.api_client(control_plane.kubeconfig)
     yield api
-    api.close()  # type: ignore[no-untyped-call]
+    api.close()
 
 
 @pytest.fixture

@@ -49,7 +49,9 @@ def ref(model_dir: pathlib.Path) -> torch.nn.Module:
     """A plain transformers model holding the original weights (tests swap weights in and out)."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model: torch.nn.Module = transformers.AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32
+    )
     return model.eval().requires_grad_(False)
 
 

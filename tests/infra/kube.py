@@ -20,7 +20,7 @@ class _FromDict(Protocol[M]):
 
 
 def api_client(kubeconfig: pathlib.Path) -> client.ApiClient:
-    api: client.ApiClient = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    api: client.ApiClient = config.new_client_from_config(config_file=str(kubeconfig))
     return api
 
 

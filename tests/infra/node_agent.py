@@ -294,7 +294,7 @@ class NodeAgent:
                     listed = json.loads(resp.data)
                     rv = listed["metadata"]["resourceVersion"]
                     self._events.put(("LIST", listed["items"]))
-                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
+                stream = watch.Watch().stream(
                     self._core.list_pod_for_all_namespaces,
                     field_selector=ON_A_NODE,
                     resource_version=rv,

@@ -16,6 +16,7 @@ import pathlib
 import subprocess
 import sys
 import tomllib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -30,13 +31,13 @@ FILES = {
 }
 
 
-def _final_stage(path: pathlib.Path) -> list[dict[str, Any]]:
+def _final_stage(path: pathlib.Path) -> Sequence[Mapping[str, Any]]:
     instructions = [i for i in DockerfileParser(str(path)).structure if i["instruction"] != "COMMENT"]
     last_from = max(n for n, i in enumerate(instructions) if i["instruction"] == "FROM")
     return instructions[last_from:]
 
 
-def _one(stage: list[dict[str, Any]], instruction: str) -> str:
+def _one(stage: Sequence[Mapping[str, Any]], instruction: str) -> str:
     values = [i["value"] for i in stage if i["instruction"] == instruction]
     assert values, f"no {instruction} in the final stage"
     return str(values[-1])

@@ -13,9 +13,9 @@ from plrl_workers import types
 def test_lists_become_arrays_with_the_wire_dtypes() -> None:
     s = types.Sample([3, 4], [-0.5, -1.25], [0, 1], 1.0, "stop")
     assert (s.token_ids.dtype, s.logprobs.dtype, s.versions.dtype) == (
-        numpy.int32,
-        numpy.float32,
-        numpy.int32,
+        numpy.dtype(numpy.int32),
+        numpy.dtype(numpy.float32),
+        numpy.dtype(numpy.int32),
     )
     assert s.token_ids.tolist() == [3, 4] and s.logprobs.tolist() == [-0.5, -1.25]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections.abc
 import pathlib
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ def model_dir(one_thread: None, tmp_path_factory: pytest.TempPathFactory) -> pat
     return tiny.build(tmp_path_factory.mktemp("tiny"), seed=0)
 
 
-def _load(d: pathlib.Path) -> tuple[object, object]:
+def _load(d: pathlib.Path) -> tuple[Any, Any]:
     import torch
     import transformers
 
