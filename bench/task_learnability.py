@@ -33,6 +33,7 @@ import time
 
 import torch
 import transformers
+
 from plrl_workers.models import tiny
 from plrl_workers.tasks import base, evaluate, rewards, warm_start
 

@@ -17,6 +17,7 @@ import textwrap
 import uuid
 
 import pytest
+
 from plrl_operator import spec
 from plrl_workers.models import tiny
 from plrl_workers.tasks import arith, base, jsonl, reverse, rewards
@@ -112,10 +113,10 @@ def test_score_refuses_non_finite_and_non_numeric_rewards() -> None:
     assert isinstance(rewards.score(lambda p, c, a: 1, "p", "c", "a"), float)
     for bad in (math.nan, math.inf, -math.inf):
         with pytest.raises(rewards.RewardError, match="must be finite"):
-            rewards.score(lambda p, c, a, v=bad: v, "p", "c", "a")
+            rewards.score(lambda p, c, a, v=bad: v, "p", "c", "a")  # type: ignore[misc]
     for bad_value in (None, "1.0", [1.0]):
         with pytest.raises(rewards.RewardError, match="must return a float"):
-            rewards.score(lambda p, c, a, v=bad_value: v, "p", "c", "a")
+            rewards.score(lambda p, c, a, v=bad_value: v, "p", "c", "a")  # type: ignore[misc]
 
 
 @pytest.fixture

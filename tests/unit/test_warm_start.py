@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import collections.abc
 import pathlib
+from typing import Any
 
 import pytest
-from plrl_operator import spec
+
 from plrl_workers.models import tiny
 from plrl_workers.tasks import base, evaluate, rewards, warm_start
 
@@ -33,7 +34,7 @@ def model_dir(one_thread: None, tmp_path_factory: pytest.TempPathFactory) -> pat
     return tiny.build(tmp_path_factory.mktemp("tiny"), seed=0)
 
 
-def _load(d: pathlib.Path) -> tuple[object, object]:
+def _load(d: pathlib.Path) -> tuple[Any, Any]:
     import torch
     import transformers
 
@@ -94,16 +95,3 @@ def test_zero_steps_copies_the_model(model_dir: pathlib.Path, tmp_path: pathlib.
     w1 = safetensors.torch.load_file(str(out / "model.safetensors"))
     assert all((w0[k] == w1[k]).all() for k in w0)
     assert (out / "tokenizer.json").exists()
-
-
-def test_prepare_builtin_follows_the_model_spec(tmp_path: pathlib.Path) -> None:
-    import safetensors.torch
-
-    task = base.builtin("reverse")
-    a = warm_start.prepare_builtin(spec.ModelSpec(warm_start_steps=2, seed=3), task, tmp_path / "a")
-    b = warm_start.prepare_builtin(spec.ModelSpec(warm_start_steps=2, seed=4), task, tmp_path / "b")
-    wa = safetensors.torch.load_file(str(a / "model.safetensors"))
-    wb = safetensors.torch.load_file(str(b / "model.safetensors"))
-    assert any((wa[k] != wb[k]).any() for k in wa)  # model.seed reaches the weights
-    with pytest.raises(ValueError, match=r"model\.name='/models/x'"):
-        warm_start.prepare_builtin(spec.ModelSpec(name="/models/x"), task, tmp_path / "c")

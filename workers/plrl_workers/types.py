@@ -8,6 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TypeVar
+
+import numpy
+import numpy.typing as npt
+
+Int32s = npt.NDArray[numpy.int32]
+Float32s = npt.NDArray[numpy.float32]
+_Scalar = TypeVar("_Scalar", bound=numpy.generic)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,15 +67,45 @@ class FinishedSequence:
             raise ValueError(f"sequence {self.request_id}: logprobs must be finite and <= 0")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(init=False, eq=False)
 class Sample:
-    """One scored completion of a prompt."""
+    """One scored completion of a prompt.
 
-    token_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
+    The per-token data are 1-D numpy arrays, the same dtypes as on the wire (`rpc/plrl.proto`), so a
+    received sample is a zero-copy view of its message (`rpc/convert.py`), the checks are vectorised
+    (`coordinator_checks.py`) and the trainer reads them without a Python loop per token. Sequences
+    (an engine's lists) are converted once here; arrays of the right dtype are kept as they are.
+    Equality is identity (arrays have no single truth value).
+    """
+
+    token_ids: Int32s
+    logprobs: Float32s
+    """Behaviour-policy logprob of each token."""
+    versions: Int32s
+    """Weight version that produced each token."""
     reward: float
     finish_reason: str
+
+    def __init__(
+        self,
+        token_ids: npt.ArrayLike,
+        logprobs: npt.ArrayLike,
+        versions: npt.ArrayLike,
+        reward: float,
+        finish_reason: str,
+    ) -> None:
+        self.token_ids = _vector(token_ids, numpy.int32, "token_ids")
+        self.logprobs = _vector(logprobs, numpy.float32, "logprobs")
+        self.versions = _vector(versions, numpy.int32, "versions")
+        self.reward = reward
+        self.finish_reason = finish_reason
+
+
+def _vector(values: npt.ArrayLike, dtype: type[_Scalar], what: str) -> npt.NDArray[_Scalar]:
+    array: npt.NDArray[_Scalar] = numpy.asarray(values, dtype=dtype)
+    if array.ndim != 1:
+        raise ValueError(f"{what}: expected a 1-D sequence, got shape {array.shape}")
+    return array
 
 
 @dataclasses.dataclass
@@ -86,4 +124,4 @@ class RolloutGroup:
 
     @property
     def oldest_version(self) -> int:
-        return min((v for s in self.samples for v in s.versions), default=0)
+        return min((int(s.versions.min()) for s in self.samples if len(s.versions)), default=0)

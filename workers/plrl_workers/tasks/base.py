@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from plrl_operator import spec
-
 from plrl_workers import types
 
 if TYPE_CHECKING:

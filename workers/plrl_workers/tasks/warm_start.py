@@ -22,9 +22,6 @@ import shutil
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from plrl_operator import spec
-
-from plrl_workers.models import tiny
 from plrl_workers.tasks import base
 
 if TYPE_CHECKING:
@@ -142,17 +139,3 @@ def run(
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
-
-
-def prepare_builtin(model: spec.ModelSpec, task: base.Task, work_dir: str | pathlib.Path) -> pathlib.Path:
-    """The model directory a job with `model.name: builtin:tiny` starts RL from.
-
-    Builds the tiny model from `model.seed`, then warm-starts it for `model.warmStartSteps` steps
-    on `task` (data order seeded by `model.seed` too). Both directories live under `work_dir` and
-    are reused when their inputs have not changed, so a resumed run does not redo them.
-    """
-    if model.name != "builtin:tiny":
-        raise ValueError(f"model.name={model.name!r}: only 'builtin:tiny' is built here")
-    init = tiny.build(pathlib.Path(work_dir) / "tiny-init", tiny.TinyModelConfig(), seed=model.seed)
-    cfg = WarmStartConfig(steps=model.warm_start_steps, seed=model.seed)
-    return run(init, pathlib.Path(work_dir) / "tiny-warm", task, cfg)

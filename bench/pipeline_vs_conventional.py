@@ -1,0 +1,120 @@
+"""Pipeline vs conventional RL: the same job, the same machine, the same number of trained samples.
+
+Runs `plrl run` on the job twice in one invocation, once per `pipeline.mode`, and prints the ratios
+the paper's claim is about: trained tokens per second, and wall time until the reward's moving
+average first reaches a target both runs reach (default: 80% of the way from the starting reward to
+the lower of the two final rewards).
+Times start when each run's first batch is in (process start-up excluded, see trainer.py).
+
+    .venv/bin/python bench/pipeline_vs_conventional.py examples/local-tiny.yaml
+    .venv/bin/python bench/pipeline_vs_conventional.py examples/local-tiny.yaml --steps 60 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import yaml
+
+from plrl_workers import report
+
+
+def run_mode(
+    job_doc: dict[str, Any], mode: str, steps: int | None, workdir: pathlib.Path
+) -> list[dict[str, Any]]:
+    doc = yaml.safe_load(yaml.safe_dump(job_doc))
+    doc["metadata"]["name"] = f"{doc['metadata']['name']}-{mode}"
+    doc["spec"].setdefault("pipeline", {})["mode"] = mode
+    if steps is not None:
+        doc["spec"].setdefault("training", {})["totalSteps"] = steps
+    job = workdir / f"{mode}.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    run_dir = workdir / f"run-{mode}"
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    cmd = [sys.executable, "-m", "plrl_workers.cli", "run", str(job), "--run-dir", str(run_dir), "--quiet"]
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    return report.read_metrics(run_dir)
+
+
+def smoothed(rows: list[dict[str, Any]], window: int) -> list[tuple[float, float]]:
+    out = []
+    for i in range(len(rows)):
+        chunk = [r["reward_mean"] for r in rows[max(0, i - window + 1) : i + 1]]
+        out.append((rows[i]["elapsed_s"], statistics.fmean(chunk)))
+    return out
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float:
+    return next((t for t, r in curve if r >= target), math.inf)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("job", type=pathlib.Path)
+    ap.add_argument("--steps", type=int, help="override training.totalSteps")
+    ap.add_argument("--repeats", type=int, default=1, help="alternate the modes this many times")
+    ap.add_argument("--target", type=float, help="reward target (default: see the module docstring)")
+    ap.add_argument("--window", type=int, default=5, help="moving-average window for the reward, in steps")
+    args = ap.parse_args()
+    job_doc = yaml.safe_load(args.job.read_text())
+    results: dict[str, list[list[dict[str, Any]]]] = {"pipeline": [], "conventional": []}
+    with tempfile.TemporaryDirectory(prefix="plrl-bench-") as tmp:
+        for rep in range(args.repeats):
+            for mode in ("pipeline", "conventional"):
+                wd = pathlib.Path(tmp) / f"{rep}"
+                wd.mkdir(exist_ok=True)
+                results[mode].append(run_mode(job_doc, mode, args.steps, wd))
+    finals = {
+        m: statistics.fmean(
+            statistics.fmean(r["reward_mean"] for r in rows[-max(1, len(rows) // 10) :]) for rows in runs
+        )
+        for m, runs in results.items()
+    }
+    starts = [
+        statistics.fmean(r["reward_mean"] for r in rows[: max(1, len(rows) // 10)])
+        for runs in results.values()
+        for rows in runs
+    ]
+    start = statistics.fmean(starts)
+    target = args.target if args.target is not None else start + 0.8 * (min(finals.values()) - start)
+    print(
+        f"{'mode':<13}{'wall s':>9}{'trained tok/s':>15}{'gen tok/s':>11}{'final reward':>14}"
+        f"{'t(reward>=' + format(target, '.3f') + ') s':>22}{'lag mean':>10}"
+    )
+    summary: dict[str, dict[str, float]] = {}
+    for mode, runs in results.items():
+        walls = [rows[-1]["elapsed_s"] for rows in runs]
+        trained = [rows[-1]["trained_tokens_per_s"] for rows in runs]
+        generated = [rows[-1]["generated_tokens_per_s"] for rows in runs]
+        reach = [time_to(smoothed(rows, args.window), target) for rows in runs]
+        lag = [statistics.fmean(r["lag_mean"] for r in rows) for rows in runs]
+        summary[mode] = {
+            "wall": statistics.median(walls),
+            "trained": statistics.median(trained),
+            "reach": statistics.median(reach),
+        }
+        print(
+            f"{mode:<13}{summary[mode]['wall']:>9.1f}{summary[mode]['trained']:>15.0f}"
+            f"{statistics.median(generated):>11.0f}{finals[mode]:>14.3f}{summary[mode]['reach']:>22.1f}"
+            f"{statistics.fmean(lag):>10.2f}"
+        )
+    p, c = summary["pipeline"], summary["conventional"]
+    print(
+        f"\npipeline / conventional: trained tokens/s x{p['trained'] / c['trained']:.2f}, "
+        f"wall time for the same steps x{c['wall'] / p['wall']:.2f} faster, "
+        f"time to reward {target:.3f}: x{c['reach'] / p['reach']:.2f} faster"
+        f" (paper's model: 1.57x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

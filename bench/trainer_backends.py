@@ -1,0 +1,154 @@
+"""Trained tokens/s of the training backends on the tiny model: torch DDP vs DeepSpeed ZeRO-1/2,
+1 rank vs 2 ranks (CPU, gloo on loopback), side by side.
+
+    .venv/bin/python bench/trainer_backends.py [--steps 5] [--groups 8] [--g 8] [--max-new 64]
+
+Each configuration starts its ranks as separate processes, trains one warm-up step, then times
+`--steps` optimizer steps of synthetic rollouts (the same for every configuration). Tokens counted
+are all tokens fed to the model (prompt + completion), over all ranks. Engine start-up is reported
+separately. Numbers on a shared 2-core machine are noisy: compare the ratios, not absolutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from plrl_workers import types
+
+CONFIGS = [
+    ("torch", 1, 1),
+    ("deepspeed", 1, 1),
+    ("deepspeed", 2, 1),
+    ("torch", 1, 2),
+    ("deepspeed", 1, 2),
+    ("deepspeed", 2, 2),
+]
+
+
+def _groups(step: int, version: int, n_groups: int, g: int, max_new: int) -> list[types.RolloutGroup]:
+    rng = random.Random(step)
+    out = []
+    for k in range(n_groups):
+        prompt = [rng.randrange(4, 80) for _ in range(rng.randint(12, 24))]
+        samples = []
+        for _ in range(g):
+            n = rng.randint(max_new // 4, max_new)
+            samples.append(
+                types.Sample(
+                    [rng.randrange(4, 80) for _ in range(n)],
+                    [-rng.uniform(0.2, 4.0) for _ in range(n)],
+                    [version] * n,
+                    float(rng.random() < 0.5),
+                    "stop",
+                )
+            )
+        out.append(types.RolloutGroup(f"l{step}-{k}", step * 1000 + k, prompt, samples, "gen"))
+    return out
+
+
+def rank_main(args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+
+    from plrl_workers.engines import training
+    from plrl_workers.models import tiny
+    from plrl_workers.rl import step
+
+    t0 = time.perf_counter()
+    training.init_distributed()
+    cfg = training.TrainEngineConfig(
+        model_path=str(tiny.build(args.model_dir)),
+        backend=args.backend,
+        zero_stage=args.stage,
+        learning_rate=1e-5,
+        gradient_clipping=1.0,
+    )
+    engine = training.create(cfg)
+    init_s = time.perf_counter() - t0
+    rl = step.RLConfig(tokens_per_micro_batch=args.tokens_per_micro_batch)
+    tokens, elapsed = 0.0, 0.0
+    for i in range(args.steps + 1):
+        groups = _groups(i, engine.version, args.groups, args.g, args.max_new)
+        prep = step.prepare(groups, engine.version, engine.world_size, rl)
+        dist.barrier()
+        t = time.perf_counter()
+        m = step.train_step(engine, prep.micro_batches[engine.rank], rl)
+        if i > 0:  # step 0 is warm-up
+            elapsed += time.perf_counter() - t
+            tokens += m["input_tokens"]
+    if engine.rank == 0:
+        print(
+            json.dumps({"tokens_per_s": tokens / elapsed, "init_s": init_s, "step_s": elapsed / args.steps})
+        )
+    engine.close()
+    dist.destroy_process_group()
+
+
+def launch(args: argparse.Namespace, backend: str, stage: int, ranks: int) -> dict[str, float]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(ranks):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), LOCAL_RANK=str(r))
+        env |= {"WORLD_SIZE": str(ranks), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(args.threads)}
+        env["PYTHONWARNINGS"] = "ignore"
+        cmd = [sys.executable, __file__, "--rank-worker", "--backend", backend, "--stage", str(stage)]
+        cmd += ["--model-dir", args.model_dir, "--steps", str(args.steps), "--groups", str(args.groups)]
+        cmd += ["--g", str(args.g), "--max-new", str(args.max_new)]
+        cmd += ["--tokens-per-micro-batch", str(args.tokens_per_micro_batch)]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    outs = [p.communicate(timeout=1800) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        if p.returncode:
+            raise SystemExit(f"{backend} stage {stage} x{ranks} failed:\n{err[-3000:]}")
+    result: dict[str, float] = json.loads(outs[0][0].strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", default="torch")
+    ap.add_argument("--stage", type=int, default=1)
+    ap.add_argument("--model-dir", default=str(pathlib.Path(tempfile.gettempdir()) / "plrl-bench-tiny"))
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--g", type=int, default=8)
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--tokens-per-micro-batch", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
+    ap.add_argument("--only", default="", help="comma-separated subset, e.g. ddp:2,zero2:1")
+    args = ap.parse_args()
+    if args.rank_worker:
+        rank_main(args)
+        return
+    rows = []
+    for backend, stage, ranks in CONFIGS:
+        name = "ddp" if backend == "torch" else f"zero{stage}"
+        if args.only and f"{name}:{ranks}" not in args.only.split(","):
+            continue
+        r = launch(args, backend, stage, ranks)
+        rows.append((name, ranks, r))
+        tps, step_s, init_s = r["tokens_per_s"], r["step_s"], r["init_s"]
+        print(f"{name:6s} x{ranks}: {tps:8.0f} tok/s  step {step_s:.2f}s  init {init_s:.0f}s", flush=True)
+    base = rows[0][2]["tokens_per_s"]
+    print(f"\nbatch: {args.groups} prompts x G={args.g}, completions <= {args.max_new} tokens, ", end="")
+    print(f"{args.threads} thread(s) per rank")
+    print(f"{'backend':8s} {'ranks':>5s} {'tok/s':>8s} {'vs ddp x1':>9s}")
+    for name, ranks, r in rows:
+        print(f"{name:8s} {ranks:5d} {r['tokens_per_s']:8.0f} {r['tokens_per_s'] / base:9.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+{{/* Common names and labels. */}}
+{{- define "plrl.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "plrl.serviceAccountName" -}}
+{{- default (include "plrl.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "plrl.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "plrl.labels" -}}
+{{ include "plrl.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/*
+The rules the operator needs in every namespace it watches. Nothing is deleted by the operator
+(children are garbage-collected through owner references), so no "delete" verb anywhere.
+Worker Roles it creates grant Lease access, and RBAC only lets it grant what it holds: hence the
+Lease verbs beyond the list/watch its own cache needs.
+*/}}
+{{- define "plrl.namespacedRules" -}}
+- apiGroups: [pipelinerl.io]
+  resources: [pipelinerljobs]
+  verbs: [get, list, watch, patch]
+- apiGroups: [pipelinerl.io]
+  resources: [pipelinerljobs/status]
+  verbs: [get, patch]
+- apiGroups: [pipelinerl.io]
+  resources: [pipelinerljobs/finalizers]
+  verbs: [update]
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [configmaps, services, serviceaccounts]
+  verbs: [get, list, create, patch]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [list, create]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, list, create, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, list, watch, create, update, patch]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}

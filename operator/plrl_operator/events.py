@@ -1,0 +1,20 @@
+"""Kubernetes Event reasons the operator posts on a PipelineRLJob (one constant per reason).
+
+`handlers.py` posts them through kopf; tests and `kubectl describe` read them by these names.
+Normal events mark progress, Warning events something a user must act on.
+"""
+
+from __future__ import annotations
+
+# Normal
+CREATED = "Created"  # children created for a new job
+UPDATED = "Updated"  # a spec change was rolled into the children
+PHASE_CHANGED = "PhaseChanged"  # e.g. Pending -> Running
+SUSPENDED = "Suspended"  # spec.suspend set: workers scaled to zero
+RESUMED = "Resumed"  # spec.suspend cleared: workers scaled back
+
+# Warning
+INVALID_SPEC = "InvalidSpec"  # the spec failed validation the API server could not do
+UNSCHEDULABLE = "Unschedulable"  # pods cannot be scheduled (e.g. too few GPUs)
+RECONCILE_FAILED = "ReconcileFailed"  # an API call failed; retried with backoff
+HEARTBEAT_TIMEOUT = "HeartbeatTimeout"  # a worker stopped renewing its Lease

@@ -1,0 +1,359 @@
+# mypy: disallow-untyped-decorators=False
+# (pyproject skips following kopf, so its decorators are Any to mypy; the handlers stay typed.)
+"""kopf wiring: the only module that imports kopf. Every handler is parse -> pure functions -> apply.
+
+- create / update (spec) / resume: `_reconcile` renders the desired children, lists the live ones
+  (`k8s.Client.children`) and writes only those whose content hash differs, then refreshes status.
+- a timer per job: recomputes status from in-memory indexes of the job's StatefulSets, pods and
+  worker Leases (fed by watches, so a quiet job costs no API request), writes it only on change,
+  and re-runs the reconcile if a child went missing or drifted from the desired hash.
+- deletion: nothing to do; every child has the job as controller owner, so the garbage collector
+  removes them (the timer's finalizer is kopf's own, removed by kopf on delete).
+
+kopf's own bookkeeping goes into `pipelinerl.io/*` annotations (not status), so the status
+schema stays strict. Neighbours: `render`, `status`, `k8s`, `events`, `metrics`, `settings`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import logging
+import secrets
+import time
+from typing import Any
+
+import kopf
+
+from plrl_operator import events, k8s, metrics, phases, render, settings, status
+from plrl_operator import spec as spec_mod
+from plrl_operator.render import common
+
+LOG = logging.getLogger("plrl_operator")
+CONFIG = settings.from_env()
+GROUP, VERSION, PLURAL = spec_mod.API_GROUP, spec_mod.API_VERSION, spec_mod.PLURAL
+_CLIENT: k8s.Client | None = None
+_PHASES: dict[tuple[str, str], str] = {}  # (namespace, name) -> phase, for the jobs-by-phase gauge
+
+
+def client() -> k8s.Client:
+    global _CLIENT
+    if _CLIENT is None:
+        _CLIENT = k8s.Client.from_environment(CONFIG.field_manager)
+    return _CLIENT
+
+
+# --------------------------------------------------------------------------- startup
+
+
+@kopf.on.startup()
+def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.level = logging.INFO  # our explicit events only (posting.loggers stays off)
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    if CONFIG.peering is not None:
+        settings.peering.name = CONFIG.peering
+        settings.peering.mandatory = True
+        settings.peering.clusterwide = CONFIG.clusterwide
+    if CONFIG.metrics_port:
+        metrics.serve(CONFIG.metrics_port)
+    client()  # fail at startup, not in the first handler, if there are no credentials
+
+
+# --------------------------------------------------------------------------- indexes
+
+
+def _key(namespace: str | None, labels: kopf.Labels) -> tuple[str, str]:
+    return (namespace or "", labels[common.LABEL_JOB])
+
+
+_CHILD_LABELS = {common.LABEL_JOB: kopf.PRESENT}
+
+
+@kopf.index("apps", "v1", "statefulsets", labels=_CHILD_LABELS)
+def job_statefulsets(
+    namespace: str | None,
+    labels: kopf.Labels,
+    meta: kopf.Meta,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    **_: Any,
+) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        _key(namespace, labels): {
+            "metadata": {
+                "name": meta.get("name"),
+                "generation": meta.get("generation"),
+                "labels": dict(labels),
+                "annotations": dict(meta.annotations),
+            },
+            "spec": {"replicas": spec.get("replicas")},
+            "status": copy.deepcopy(dict(status)),
+        }
+    }
+
+
+@kopf.index("", "v1", "pods", labels=_CHILD_LABELS)
+def job_pods(
+    namespace: str | None,
+    labels: kopf.Labels,
+    meta: kopf.Meta,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    **_: Any,
+) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        _key(namespace, labels): {
+            "metadata": {
+                "name": meta.get("name"),
+                "labels": dict(labels),
+                "creationTimestamp": meta.get("creationTimestamp"),
+                "deletionTimestamp": meta.get("deletionTimestamp"),
+            },
+            "spec": {"nodeName": spec.get("nodeName")},
+            "status": {"phase": status.get("phase"), "conditions": copy.deepcopy(status.get("conditions"))},
+        }
+    }
+
+
+@kopf.index("coordination.k8s.io", "v1", "leases", labels=_CHILD_LABELS)
+def job_leases(
+    namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, spec: kopf.Spec, **_: Any
+) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        _key(namespace, labels): {
+            "metadata": {"name": meta.get("name"), "annotations": dict(meta.annotations)},
+            "spec": {"holderIdentity": spec.get("holderIdentity"), "renewTime": spec.get("renewTime")},
+        }
+    }
+
+
+def _children(body: kopf.Body, indexes: dict[str, Any]) -> status.Children:
+    """The job's children as the indexes (kwargs `job_statefulsets`, ...) currently see them."""
+    key = (body.metadata.namespace or "", body.metadata.name or "")
+
+    def values(index: str) -> list[dict[str, Any]]:
+        store = indexes[index]
+        return list(store[key]) if key in store else []
+
+    sts = {str(s["metadata"]["labels"].get(common.LABEL_ROLE)): s for s in values("job_statefulsets")}
+    return status.Children(statefulsets=sts, pods=values("job_pods"), leases=values("job_leases"))
+
+
+# --------------------------------------------------------------------------- reconcile
+
+
+def _parse(body: kopf.Body) -> spec_mod.PipelineRLJob:
+    meta = body["metadata"]
+    doc = {
+        "apiVersion": body["apiVersion"],
+        "kind": body["kind"],
+        "metadata": {
+            k: meta.get(k) for k in ("name", "namespace", "uid", "generation") if meta.get(k) is not None
+        },
+        "spec": copy.deepcopy(dict(body.get("spec", {}))),
+    }
+    try:
+        return spec_mod.parse_job(doc)
+    except spec_mod.JobFileError as err:
+        kopf.warn(body, reason=events.INVALID_SPEC, message=str(err))
+        raise kopf.PermanentError(f"invalid spec: {err}") from None
+
+
+def _sync(job: spec_mod.PipelineRLJob, generators: int) -> tuple[list[str], dict[str, str]]:
+    """Blocking: list children, write what differs. Returns the writes and the applied hashes."""
+    api = client()
+    ns, name = job.metadata.namespace or "default", job.metadata.name
+    live = api.children(ns, name)
+    token = k8s.secret_token(live, name) or secrets.token_urlsafe(32)
+    desired = render.render(job, generators, token=token)
+    written = api.sync(desired, live)
+    for w in written:
+        metrics.OBJECT_WRITES.labels(kind=w.split("/")[0]).inc()
+    return written, _hashes(desired)
+
+
+def _hashes(desired: list[dict[str, Any]]) -> dict[str, str]:
+    return {
+        f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["annotations"][common.ANNOTATION_HASH]
+        for o in desired
+        if common.ANNOTATION_HASH in o["metadata"].get("annotations", {})
+    }
+
+
+async def _reconcile(
+    trigger: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    children: status.Children,
+    force_sync: bool = True,
+) -> None:
+    # One reconcile per job at a time: the timer must not re-apply what a create/update handler is
+    # still applying (it would see the children missing from the indexes and write them again).
+    lock: asyncio.Lock = memo.setdefault("lock", asyncio.Lock())
+    async with lock:
+        await _reconcile_locked(trigger, body, memo, children, force_sync)
+
+
+async def _reconcile_locked(
+    trigger: str, body: kopf.Body, memo: kopf.Memo, children: status.Children, force_sync: bool
+) -> None:
+    metrics.RECONCILES.labels(trigger=trigger).inc()
+    started = time.perf_counter()
+    try:
+        job = _parse(body)
+        previous = status.parse(body.get("status"))
+        generators = status.current_generators(job.spec, previous)
+        if force_sync or _drifted(job, generators, children, memo):
+            written, applied = await asyncio.to_thread(_sync, job, generators)
+            memo["applied"] = applied
+            if written:
+                LOG.info("%s %s/%s: wrote %s", trigger, job.metadata.namespace, job.metadata.name, written)
+                if trigger in ("create", "update"):
+                    reason = events.CREATED if trigger == "create" else events.UPDATED
+                    kopf.info(
+                        body, reason=reason, message=f"applied {len(written)} objects: {', '.join(written)}"
+                    )
+        await _write_status(body, job, generators, children, previous)
+    except k8s.ApiError as err:
+        metrics.RECONCILE_ERRORS.labels(trigger=trigger, error=f"http{err.status}").inc()
+        kopf.warn(body, reason=events.RECONCILE_FAILED, message=str(err))
+        if err.status in (400, 403, 422):
+            raise kopf.PermanentError(str(err)) from None
+        raise kopf.TemporaryError(str(err), delay=5) from None
+    except kopf.PermanentError:
+        metrics.RECONCILE_ERRORS.labels(trigger=trigger, error="invalid").inc()
+        raise
+    finally:
+        metrics.RECONCILE_SECONDS.labels(trigger=trigger).observe(time.perf_counter() - started)
+
+
+def _drifted(
+    job: spec_mod.PipelineRLJob, generators: int, children: status.Children, memo: kopf.Memo
+) -> bool:
+    """A StatefulSet is missing or its hash differs from both the desired and the last applied."""
+    desired = _hashes(render.render(job, generators))
+    applied: dict[str, str] = memo.get("applied", {})
+    names = common.Names(job.metadata.name)
+    for role in common.ROLES:
+        sts = children.statefulsets.get(role)
+        want = desired[f"StatefulSet/{names.role(role)}"]
+        live = None if sts is None else sts["metadata"]["annotations"].get(common.ANNOTATION_HASH)
+        if live != want and applied.get(f"StatefulSet/{names.role(role)}") != want:
+            return True
+    return False
+
+
+async def _write_status(
+    body: kopf.Body,
+    job: spec_mod.PipelineRLJob,
+    generators: int,
+    children: status.Children,
+    previous: status.JobStatus,
+) -> None:
+    now = datetime.datetime.now(datetime.UTC)
+    new = status.compute_status(job, generators, children, previous, now)
+    ns, name = job.metadata.namespace or "default", job.metadata.name
+    _PHASES[(ns, name)] = str(new.phase)
+    _update_phase_gauge()
+    if not status.changed(previous, new):
+        return
+    await asyncio.to_thread(client().patch_status, ns, name, status.patch(new))
+    metrics.STATUS_WRITES.inc()
+    _post_transitions(body, previous, new)
+
+
+def _post_transitions(body: kopf.Body, old: status.JobStatus, new: status.JobStatus) -> None:
+    if old.phase != new.phase and new.phase is not None:
+        if new.phase is phases.Phase.SUSPENDED:
+            kopf.info(body, reason=events.SUSPENDED, message="spec.suspend is true: workers scaled to zero")
+        elif old.phase is phases.Phase.SUSPENDED:
+            kopf.info(body, reason=events.RESUMED, message="spec.suspend is false: workers scaled back")
+        kopf.info(body, reason=events.PHASE_CHANGED, message=f"{old.phase or 'New'} -> {new.phase}")
+    sched_old = next((c for c in old.conditions if c.type == status.SCHEDULED), None)
+    sched_new = next((c for c in new.conditions if c.type == status.SCHEDULED), None)
+    if (
+        sched_new is not None
+        and sched_new.reason == "Unschedulable"
+        and (sched_old is None or sched_old.reason != "Unschedulable")
+    ):
+        kopf.warn(body, reason=events.UNSCHEDULABLE, message=sched_new.message)
+    health_old = next((c for c in old.conditions if c.type == status.HEALTHY), None)
+    health_new = next((c for c in new.conditions if c.type == status.HEALTHY), None)
+    if (
+        health_new is not None
+        and health_new.status == "False"
+        and (health_old is None or health_old.status != "False")
+    ):
+        kopf.warn(body, reason=events.HEARTBEAT_TIMEOUT, message=health_new.message)
+
+
+def _update_phase_gauge() -> None:
+    counts: dict[str, int] = {p.value: 0 for p in phases.Phase}
+    for phase in _PHASES.values():
+        counts[phase] = counts.get(phase, 0) + 1
+    for phase, n in counts.items():
+        metrics.JOBS_BY_PHASE.labels(phase=phase).set(n)
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
+async def on_create(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _reconcile("create", body, memo, _children(body, kwargs))
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", field="spec")
+async def on_update(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _reconcile("update", body, memo, _children(body, kwargs))
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
+async def on_resume(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _reconcile("resume", body, memo, _children(body, kwargs))
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, id="refresh", interval=CONFIG.status_interval, initial_delay=1.0)
+async def refresh(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _reconcile("timer", body, memo, _children(body, kwargs), force_sync=False)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def _forget(type: str, body: kopf.Body, **_: Any) -> None:
+    if type == "DELETED":
+        _PHASES.pop((body.metadata.namespace or "", body.metadata.name or ""), None)
+        _update_phase_gauge()
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _drop_routine(record: logging.LogRecord) -> bool:
+    """Keep kopf's object log for what matters (errors, peering pauses), not per-tick successes."""
+    if record.levelno > logging.INFO:
+        return True
+    message = record.getMessage()
+    return not (message.endswith(" succeeded.") or " is processed: " in message)
+
+
+def run(config: settings.OperatorConfig) -> None:
+    """Run the operator until SIGINT/SIGTERM (blocking)."""
+    global CONFIG
+    CONFIG = config
+    kopf.configure(verbose=False)
+    # kopf logs every handler and timer success at INFO (a line per job per tick); ours says what changed.
+    logging.getLogger("kopf.objects").addFilter(_drop_routine)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("plrl_operator").setLevel(logging.INFO)
+    kopf.run(
+        clusterwide=config.clusterwide,
+        namespaces=config.namespaces,
+        standalone=config.peering is None,
+        peering_name=config.peering,
+        priority=config.priority,
+        liveness_endpoint=f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None,
+    )

@@ -1,0 +1,42 @@
+"""`render(job, generators) -> objects`: the desired Kubernetes objects of one PipelineRLJob.
+
+Pure and deterministic: the same job, I and token give byte-identical output, in a fixed order
+(config, RBAC, Services, StatefulSets: dependencies first, so applying in order never starts a
+pod whose ConfigMap or ServiceAccount is missing). Every object carries its content hash
+(`pipelinerl.io/desired-hash`) that `k8s.py` compares to skip unchanged writes.
+
+Neighbours: `render.common`, `render.config`, `render.workers` (the builders);
+`plrl_operator.handlers` and `plrl_operator.render_cli` (the callers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plrl_operator import spec as spec_mod
+from plrl_operator.render import common, config, workers
+
+
+def render(
+    job: spec_mod.PipelineRLJob, generators: int, *, token: str = common.TOKEN_PLACEHOLDER
+) -> list[dict[str, Any]]:
+    """Every child object of `job` with I = `generators` accelerators generating.
+
+    `token` is the job's RPC token; the operator passes the live Secret's value (or a fresh random
+    one at creation). The default placeholder is for `plrl render` and golden tests.
+    """
+    plan = common.Plan.of(job.spec, generators)
+    cm = config.config_map(job, plan)
+    config_hash = common.content_hash(cm["data"])
+    objects: list[dict[str, Any]] = [cm, config.token_secret(job, token)]
+    if job.spec.resources.service_account_name is None:
+        objects += config.worker_rbac(job)
+    objects += [workers.service(job, role) for role in common.ROLES]
+    objects += [workers.statefulset(job, plan, role, config_hash) for role in common.ROLES]
+    # The Secret is create-only (see render.config); a digest of the token would only leak.
+    return [
+        obj
+        if common.ANNOTATION_CREATE_ONLY in obj["metadata"].get("annotations", {})
+        else common.with_hash(obj)
+        for obj in objects
+    ]

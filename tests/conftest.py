@@ -1,0 +1,110 @@
+"""Fixtures shared by the whole suite: the local Kubernetes control plane and the tools that talk to it.
+
+- `control_plane` (session): a real control plane (tests/infra/controlplane.py), started once; or the
+  cluster of `make cluster-up` when PLRL_KUBECONFIG names its kubeconfig. Every test that uses it,
+  directly or through another fixture, gets the `cluster` marker (so `-m "not cluster"` skips them).
+- `kubectl`, `helm`: run the tool against that cluster; return the CompletedProcess (text).
+- `core_api`: a kubernetes.client.ApiClient for it (admin). `namespace`: a fresh namespace per test.
+- `gpu_nodes`: makes a pool of fake GPU nodes (tests/infra/nodes.py), deleted after the test.
+
+The binaries are built (cold: many minutes) after collection, before the first test, so the build
+never counts against a test's timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import hypothesis
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.infra import binaries, controlplane, kube, nodes, tools
+
+CLUSTER_FIXTURE = "control_plane"
+
+# Property tests explore the same examples on every run, so CI is repeatable; run with
+# `--hypothesis-profile=explore` to search afresh.
+hypothesis.settings.register_profile("ci", derandomize=True, deadline=None)
+hypothesis.settings.register_profile("explore", deadline=None)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if os.environ.get("PLRL_KUBECONFIG") or session.config.option.collectonly:
+        return
+    if any(CLUSTER_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            binaries.ensure()
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects, so `-m "not cluster"` sees the marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if CLUSTER_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.Cluster]:
+    reuse = os.environ.get("PLRL_KUBECONFIG")
+    if reuse:
+        path = pathlib.Path(reuse)
+        server = yaml.safe_load(path.read_text())["clusters"][0]["cluster"]["server"]
+        yield controlplane.Cluster(kubeconfig=path, server=server, logs=None)
+        return
+    with controlplane.ControlPlane(tmp_path_factory.mktemp("controlplane")).start() as cp:
+        yield controlplane.Cluster(kubeconfig=cp.kubeconfig, server=cp.server, logs=cp.logs)
+
+
+@pytest.fixture
+def kubectl(control_plane: controlplane.Cluster) -> tools.Tool:
+    """kubectl (from the venv) with KUBECONFIG set to the cluster's admin kubeconfig; check=True raises
+    with stdout/stderr on a non-zero exit."""
+    return tools.bind(binaries.kubectl(), control_plane.kubeconfig)
+
+
+@pytest.fixture
+def helm(control_plane: controlplane.Cluster) -> tools.Tool:
+    return tools.bind(binaries.ensure().helm, control_plane.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def core_api(control_plane: controlplane.Cluster) -> Iterator[client.ApiClient]:
+    """An admin kubernetes.client.ApiClient; wrap it in client.CoreV1Api(...) and friends."""
+    api = kube.api_client(control_plane.kubeconfig)
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def namespace(core_api: client.ApiClient) -> Iterator[str]:
+    """A fresh namespace, deleted (without waiting) after the test."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(core_api)
+    core.create_namespace(kube.model(client.V1Namespace, {"metadata": {"name": name}}))
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def gpu_nodes(core_api: client.ApiClient) -> Iterator[Callable[..., nodes.Pool]]:
+    """gpu_nodes(count, **GpuNode fields) -> Pool: creates `count` fake GPU nodes carrying a
+    `plrl.dev/pool` label unique to the call (for nodeSelectors); all are deleted after the test."""
+    core = client.CoreV1Api(core_api)
+    made: list[str] = []
+
+    def make(count: int = 1, **fields: Any) -> nodes.Pool:
+        pool = nodes.Pool.fresh(count)
+        labels = {nodes.POOL_LABEL: pool.name, **fields.pop("labels", {})}
+        made.extend(nodes.create(core, [nodes.GpuNode(name=n, labels=labels, **fields) for n in pool.nodes]))
+        return pool
+
+    yield make
+    nodes.delete(core, made)

@@ -1,0 +1,78 @@
+"""Conventional RL, the baseline every comparison uses: every worker generates, then every worker trains.
+
+`pipeline.mode: conventional` runs the same parts as pipeline mode, colocated and alternating: each
+of the N accelerators is one trainer rank that also owns a generation engine. A round opens B/G
+prompts in the coordinator (trainer rank 0), all ranks decode them with their engines (continuous
+batching, H per accelerator) and stream the rollouts to the coordinator, then all ranks train one
+optimizer step on them and load the new weights into their own engines in process. There is no
+lag (every token comes from the current weights) and no weight broadcast, and each phase waits
+for the slowest worker: exactly the costs pipelining removes.
+
+Neighbours: `trainer.TrainLoop` (training, coordinator, checkpoints), `generator.Generator`
+(decoding and rollout delivery), `local.py` (starts these processes for `plrl run`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+import torch.distributed as dist
+
+from plrl_workers import config as config_mod
+from plrl_workers import generator, trainer
+
+
+def run(cfg: config_mod.WorkerConfig, ident: config_mod.Identity, ranks: trainer.RankInfo) -> int:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Budget 0: nothing is issued until a round opens.
+    loop = trainer.TrainLoop(cfg, ident, ranks, stop, prompt_budget=0)
+    dist.barrier()  # the coordinator (rank 0) is serving before any generator registers
+    gen, capacity = generator.build(cfg, ident, name=f"{cfg.job.name}-worker-{ranks.rank}", gpus=1)
+    try:
+        if loop.engine.version > gen.engine.weight_version:  # resumed: start from the trained weights
+            gen.engine.update_weights(loop.engine.named_parameters_for_sync(), loop.engine.version)
+        gen.start()
+        while not loop.done and not stop.is_set():
+            if loop.hub is not None:
+                trained = loop.hub.coord.stats().accounting.trained
+                loop.hub.coord.set_prompt_budget(trained + loop.n_groups)
+            dist.barrier()
+            gen.generate_round(capacity)
+            dist.barrier()  # every rank's rollouts are in the coordinator's buffer
+            if not loop.train_one():
+                break
+            gen.engine.update_weights(loop.engine.named_parameters_for_sync(), loop.engine.version)
+        gen.close()
+        dist.barrier()  # generators are gone before rank 0 stops the coordinator
+    finally:
+        gen.engine.close()
+        gen.coord.close()
+        loop.close()
+    return 0 if loop.done or stop.is_set() else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(
+        prog="python -m plrl_workers.conventional", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--config", required=True, help="worker config JSON")
+    args = ap.parse_args(argv)
+    ranks = trainer.rank_info(dict(os.environ))
+    if ranks is None:
+        raise SystemExit("conventional mode runs one process per accelerator: set RANK/WORLD_SIZE")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank{ranks.rank} %(name)s %(levelname)s %(message)s"
+    )
+    cfg = config_mod.load(args.config)
+    return run(cfg, config_mod.Identity.from_env(cfg), ranks)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,375 @@
+"""The generator role: keep H sequences in flight, score them, stream rollouts, take weights in flight.
+
+One process per generator pod (`python -m plrl_workers.generator --config /etc/plrl/generator.json`).
+The main loop drives its engine one decode step at a time; between steps it
+
+- applies weight updates announced on the coordinator's control stream (the engine joins the
+  trainer's broadcast group and loads the new version in place: in-flight sequences keep their KV
+  cache, and tokens decoded from then on carry the new version),
+- refills free slots with the G samples of newly leased prompts (continuous batching), and
+- scores finished samples and, once all G samples of a prompt are in, puts the group on the
+  rollout stream (which re-sends on backpressure).
+
+Leasing stops while too many groups wait for the coordinator (its buffer is full), so a generator
+never runs far ahead of the trainers; the control stream is still served meanwhile, so a weight
+broadcast never waits on a generator stuck in backpressure.
+
+Neighbours: `engines/` (decoding), `rpc/client.py` + `rpc/rollout_stream.py` (coordinator),
+`tasks/rewards.py` (scoring), `metrics.py` (/metrics), `heartbeat.py` (the pod's Lease in a cluster),
+`config.py` (settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import queue
+import signal
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from plrl_workers import config as config_mod
+from plrl_workers import coordinator, coordinator_control, heartbeat, metrics, types
+from plrl_workers.engines import base as engines
+from plrl_workers.rpc import client as client_mod
+from plrl_workers.rpc import rollout_stream
+from plrl_workers.tasks import base as tasks
+from plrl_workers.tasks import rewards
+from plrl_workers.weight_sync import groups
+
+log = logging.getLogger("plrl.generator")
+
+# Groups waiting for the coordinator before this generator stops leasing more prompts.
+MAX_UNACKED_GROUPS = 8
+
+
+@dataclasses.dataclass
+class _Group:
+    lease: coordinator.Lease
+    samples: dict[int, types.Sample] = dataclasses.field(default_factory=dict)
+
+
+class Generator:
+    """The main loop of one generator. `run()` returns when the job is over or `stop()` is called."""
+
+    def __init__(
+        self,
+        generator_id: str,
+        engine: engines.GenerationEngine,
+        coord: client_mod.CoordinatorClient,
+        tokenizer: Any,
+        reward_fn: rewards.RewardFn,
+        params: types.SamplingParams,
+        samples_per_prompt: int,
+        worker_metrics: metrics.WorkerMetrics | None = None,
+    ) -> None:
+        self.generator_id = generator_id
+        self.engine = engine
+        self.coord = coord
+        self.tokenizer = tokenizer
+        self.reward_fn = reward_fn
+        self.params = params
+        self.g = samples_per_prompt
+        self.metrics = worker_metrics
+        self._events: queue.SimpleQueue[coordinator_control.ControlEvent | None] = queue.SimpleQueue()
+        self._groups: dict[str, _Group] = {}
+        self._unacked = 0
+        self._unacked_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._source_finished = False
+        self._in_weight_group = False
+        self.refused = 0
+
+    # -------------------------------------------------------------- control
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _pump_control(self, stream: client_mod.ControlStream) -> None:
+        try:
+            for event in stream:
+                self._events.put(event)
+        except grpc.RpcError as err:
+            if not self._stop.is_set() and err.code() is not grpc.StatusCode.CANCELLED:
+                log.warning("control stream ended: %s", err.code())
+        self._events.put(None)
+
+    def _handle_events(self) -> bool:
+        """Apply every queued control event; False when the job told us to stop."""
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return True
+            if event is None or isinstance(event, coordinator_control.Stop):
+                log.info("stopping: %s", "control stream closed" if event is None else event.reason)
+                return False
+            if isinstance(event, coordinator_control.WeightUpdate):
+                self._receive(event)
+            elif isinstance(event, coordinator_control.PullWeights):
+                self._pull(event.version)
+
+    def _receive(self, event: coordinator_control.WeightUpdate) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.engine.join_weight_group(event.group)
+            self._in_weight_group = True
+            self.engine.receive_weights(event.announcement)
+        except (groups.GroupAborted, RuntimeError) as err:
+            # Aborted before any tensor: the broadcaster re-announces in a new epoch. Failed midway:
+            # the weights may be a mix of two versions, so load a full set before decoding on.
+            log.warning("weight version %d not received (%s); pulling", event.announcement.version, err)
+            self.engine.leave_weight_group()
+            self._in_weight_group = False
+            self._pull(event.announcement.version)
+            return
+        if self.metrics is not None:
+            self.metrics.weight_version.set(self.engine.weight_version)
+            self.metrics.weight_sync_seconds.observe(time.perf_counter() - t0)
+        log.debug("weights v%d applied in flight", self.engine.weight_version)
+
+    def _pull(self, version: int) -> None:
+        if version <= self.engine.weight_version and version != 0:
+            return
+        pulled = self.coord.pull_weights(self.generator_id, min_version=version)
+        self.engine.update_weights(pulled.named_tensors, pulled.version)
+        log.info("pulled full weights v%d", pulled.version)
+
+    # -------------------------------------------------------------- rollouts
+
+    def _on_result(self, result: coordinator.SubmitResult) -> None:
+        with self._unacked_lock:
+            self._unacked -= 1
+        if not result.ok:
+            # The coordinator keeps the prompt (re-queued or already done), so nothing is lost;
+            # say so loudly because it means this generator's view of the lease was stale.
+            self.refused += 1
+            log.warning(
+                "rollout for lease %s refused: %s %s", result.lease_id, result.code.name, result.message
+            )
+
+    def _fill(self, capacity: int) -> int:
+        """Lease prompts for the free slots; returns how many were leased."""
+        free_prompts = (capacity - self.engine.num_in_flight()) // self.g
+        with self._unacked_lock:
+            backlog = self._unacked
+        if free_prompts <= 0 or backlog >= MAX_UNACKED_GROUPS or self._source_finished:
+            return 0
+        idle = self.engine.num_in_flight() == 0
+        batch = self.coord.lease_prompts(self.generator_id, free_prompts, wait_s=0.5 if idle else 0.0)
+        self._source_finished = batch.finished and not batch.leases
+        for lease in batch.leases:
+            self._groups[lease.lease_id] = _Group(lease)
+            ids = list(lease.prompt.token_ids)
+            for j in range(self.g):
+                # Distinct, reproducible seeds per sample, so the G samples of a prompt differ.
+                seed = (
+                    None
+                    if self.params.seed is None
+                    else _sample_seed(self.params.seed, lease.prompt.prompt_id, j)
+                )
+                self.engine.add_request(
+                    f"{lease.lease_id}#{j}", ids, dataclasses.replace(self.params, seed=seed)
+                )
+        return len(batch.leases)
+
+    def _collect(self, finished: list[types.FinishedSequence], stream: rollout_stream.RolloutStream) -> None:
+        for seq in finished:
+            lease_id, _, j = seq.request_id.rpartition("#")
+            group = self._groups.get(lease_id)
+            if group is None:
+                continue
+            prompt = group.lease.prompt
+            text = tasks.completion_text(self.tokenizer, seq.token_ids)
+            reward = rewards.score(self.reward_fn, prompt.text, text, prompt.answer)
+            group.samples[int(j)] = types.Sample(
+                token_ids=seq.token_ids,
+                logprobs=seq.logprobs,
+                versions=seq.versions,
+                reward=reward,
+                finish_reason=seq.finish_reason,
+            )
+            if self.metrics is not None:
+                self.metrics.add_generated_tokens(len(seq.token_ids))
+                self.metrics.reward.set(reward)
+            if len(group.samples) == self.g:
+                del self._groups[lease_id]
+                with self._unacked_lock:
+                    self._unacked += 1
+                stream.put(
+                    types.RolloutGroup(
+                        lease_id=lease_id,
+                        prompt_id=prompt.prompt_id,
+                        prompt_token_ids=list(prompt.token_ids),
+                        samples=[group.samples[k] for k in range(self.g)],
+                        generator_id=self.generator_id,
+                    )
+                )
+
+    # -------------------------------------------------------------- main loop
+
+    def start(self) -> None:
+        """Register, catch up on weights, open the control and rollout streams."""
+        reg = self.coord.register(self.generator_id)
+        if reg.samples_per_prompt != self.g:
+            raise RuntimeError(
+                f"coordinator expects {reg.samples_per_prompt} samples per prompt, this generator {self.g}"
+            )
+        if reg.weight_version > self.engine.weight_version:
+            self._pull(reg.weight_version)
+        self._control = self.coord.control(self.generator_id)
+        threading.Thread(
+            target=self._pump_control, args=(self._control,), daemon=True, name="control"
+        ).start()
+        self._stream = rollout_stream.RolloutStream(self.coord, on_result=self._on_result)
+
+    def _decode(self) -> None:
+        t0 = time.perf_counter()
+        finished = self.engine.step()
+        if self.metrics is not None:
+            self.metrics.step_seconds.observe(time.perf_counter() - t0)
+            self.metrics.in_flight.set(self.engine.num_in_flight())
+        self._collect(finished, self._stream)
+
+    def run(self, capacity: int) -> None:
+        """Pipeline mode: decode until the job stops (or the prompt source is exhausted)."""
+        self.start()
+        try:
+            while not self._stop.is_set():
+                if not self._handle_events():
+                    break
+                self._fill(capacity)
+                if self.engine.num_in_flight() == 0:
+                    if self._source_finished:
+                        break
+                    time.sleep(0.01)  # waiting on leases (backpressure or an empty queue)
+                    continue
+                self._decode()
+        finally:
+            self.close()
+
+    def generate_round(self, capacity: int) -> None:
+        """Conventional mode: decode until no prompt is left to lease and every group is delivered."""
+        self._source_finished = False  # the coordinator opens a new round's budget before each call
+        while not self._stop.is_set():
+            if not self._handle_events():
+                return
+            leased = self._fill(capacity)
+            if self.engine.num_in_flight() == 0:
+                with self._unacked_lock:
+                    delivered = self._unacked == 0
+                if leased == 0 and delivered:
+                    return
+                time.sleep(0.01)
+                continue
+            self._decode()
+
+    def heartbeat_report(self, capacity: int) -> heartbeat.Report:
+        """Weight version, tokens/s, groups awaiting the coordinator and slots in use (another thread)."""
+        with self._unacked_lock:
+            backlog = self._unacked
+        return heartbeat.generator_report(
+            weight_version=self.engine.weight_version,
+            tokens_per_second=self.metrics.generated_tokens_per_second() if self.metrics else 0.0,
+            in_flight=self.engine.num_in_flight(),
+            capacity=capacity,
+            queue_depth=backlog,
+        )
+
+    def close(self) -> None:
+        self._control.cancel()
+        self._stream.close()
+        if self._in_weight_group:
+            self.engine.leave_weight_group()
+
+
+def build(
+    cfg: config_mod.WorkerConfig,
+    ident: config_mod.Identity,
+    *,
+    name: str | None = None,
+    gpus: int | None = None,
+) -> tuple[Generator, int]:
+    """The generator of this pod and its capacity (H per accelerator x accelerators per pod).
+
+    Conventional mode builds one per trainer rank (`name`, one accelerator each).
+    """
+    import transformers
+
+    spec = cfg.spec
+    model_dir = cfg.local.model_dir if cfg.local is not None else spec.model.name
+    tp = spec.resources.gpus_per_generator if gpus is None else gpus
+    capacity = spec.generation.concurrent_sequences * tp
+    options = engines.EngineOptions(
+        model_dir=model_dir,
+        max_concurrent=capacity,
+        max_model_len=spec.generation.max_model_len,
+        dtype=spec.model.dtype,
+        device=_device(),
+        seed=spec.training.seed + 1000 * (ident.pod_index + 1),
+        gpu_memory_utilization=spec.generation.gpu_memory_utilization,
+        tensor_parallel_size=tp,
+    )
+    engine = engines.create(spec.generation.engine, options)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(spec.model.tokenizer or model_dir)
+    params = types.SamplingParams(
+        max_new_tokens=spec.generation.max_new_tokens,
+        temperature=spec.generation.temperature,
+        top_p=spec.generation.top_p,
+        seed=spec.training.seed + ident.pod_index,
+        stop_token_ids=(tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else (),
+    )
+    coord = client_mod.CoordinatorClient(cfg.endpoints.coordinator, ident.token)
+    worker_metrics = metrics.WorkerMetrics("generator")
+    gen = Generator(
+        generator_id=name or f"{cfg.job.name}-gen-{ident.pod_index}",
+        engine=engine,
+        coord=coord,
+        tokenizer=tokenizer,
+        reward_fn=rewards.load(spec.task.reward),
+        params=params,
+        samples_per_prompt=spec.generation.samples_per_prompt,
+        worker_metrics=worker_metrics,
+    )
+    return gen, capacity
+
+
+def _sample_seed(base_seed: int, prompt_id: int, j: int) -> int:
+    return (base_seed * 1_000_003 + prompt_id * 1_009 + j) % (1 << 31)
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m plrl_workers.generator", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="worker config JSON (/etc/plrl/generator.json)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = config_mod.load(args.config)
+    ident = config_mod.Identity.from_env(cfg)
+    gen, capacity = build(cfg, ident)
+    if gen.metrics is not None:
+        gen.metrics.serve(ident.metrics_port or cfg.ports.metrics, host=ident.bind_host)
+    signal.signal(signal.SIGTERM, lambda *_: gen.stop())
+    beat = heartbeat.start(cfg, lambda: gen.heartbeat_report(capacity))
+    try:
+        gen.run(capacity)
+    finally:
+        if beat is not None:
+            beat.stop()
+        gen.engine.close()
+        gen.coord.close()
+    log.info("generator %s done (%d refused rollouts)", gen.generator_id, gen.refused)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,387 @@
+"""Worker heartbeats: each worker pod renews the Lease `<job>-<pod>` with its numbers in annotations.
+
+In a cluster (env `PLRL_NAMESPACE` and `PLRL_POD_NAME`, which the operator's render injects) a
+daemon thread server-side-applies the coordination.k8s.io Lease `<job>-<pod>` every
+`spec.heartbeat.intervalSeconds`: holderIdentity (the pod), renewTime, leaseDurationSeconds
+(`spec.heartbeat.timeoutSeconds`), the labels `pipelinerl.io/job` and `pipelinerl.io/role` (the
+operator watches Leases by the first), and annotations with the worker's role, weight version,
+tokens/s, queue depth and utilisation. Trainer rank 0 adds `pipelinerl.io/progress`: the JSON of
+`plrl_operator.status.Progress`, from which the operator fills the job's STEP, LAG, REWARD and TOK/S
+and, once it says `finished`, marks the job Succeeded. Without that env (`plrl run`) `start`
+returns None and nothing runs.
+
+One Lease per pod: in a trainer pod with several ranks only local rank 0 renews it. The Lease is
+owned by the job (as a plain owner: no `blockOwnerDeletion`, so the worker Role's Lease verbs
+suffice), so deleting the job deletes it. A failed renewal is logged and retried with backoff; it
+never reaches the worker's own loop.
+
+Building a Lease is pure (`progress`, `lease_annotations`, `lease`); `_Api` is the only I/O and this
+module the only one in the workers that imports `kubernetes` (lazily: `plrl run` never pays for it).
+
+Neighbours: `trainer.py` and `generator.py` (supply `Report`s), `plrl_operator.status` (reads
+them), `plrl_operator.render.config.worker_rbac` (the Role the renewals run under).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import math
+import os
+import pathlib
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from plrl_operator import spec as spec_mod
+from plrl_operator import status
+from plrl_workers import config as config_mod
+
+if TYPE_CHECKING:
+    from kubernetes import client as k8s_client
+
+log = logging.getLogger("plrl.heartbeat")
+
+LABEL_JOB = "pipelinerl.io/job"
+LABEL_ROLE = "pipelinerl.io/role"
+ANNOTATION_ROLE = "pipelinerl.io/role"
+ANNOTATION_WEIGHT_VERSION = "pipelinerl.io/weight-version"
+ANNOTATION_TOKENS_PER_SECOND = "pipelinerl.io/tokens-per-second"
+ANNOTATION_QUEUE_DEPTH = "pipelinerl.io/queue-depth"
+ANNOTATION_UTILISATION = "pipelinerl.io/utilisation"
+ANNOTATION_PROGRESS = status.PROGRESS_ANNOTATION
+FIELD_MANAGER = "plrl-worker"
+SA_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
+REQUEST_TIMEOUT_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What one worker says about itself at one renewal; None fields are left out of the Lease."""
+
+    role: str
+    weight_version: int | None = None
+    tokens_per_second: float | None = None
+    """Generator: tokens generated; trainer: tokens trained (both over the metrics window)."""
+    queue_depth: int | None = None
+    """Generator: rollout groups waiting for the coordinator; trainer rank 0: groups buffered."""
+    utilisation: float | None = None
+    """Generator: sequences in flight / capacity; trainer: busy share of the last step."""
+    progress: status.Progress | None = None
+    """Trainer rank 0 only: the job's progress, as the operator reads it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Which Lease this process renews, and how often."""
+
+    namespace: str
+    pod: str
+    job: str
+    job_uid: str | None
+    role: str
+    interval_s: float
+    timeout_s: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}-{self.pod}"
+
+
+def target(cfg: config_mod.WorkerConfig, env: Mapping[str, str]) -> Target | None:
+    """The Lease to renew in a cluster; None when the env says this is not a pod (`plrl run`)."""
+    namespace, pod = env.get("PLRL_NAMESPACE", ""), env.get("PLRL_POD_NAME", "")
+    if not namespace or not pod:
+        return None
+    hb = cfg.spec.heartbeat
+    return Target(
+        namespace=namespace,
+        pod=pod,
+        job=cfg.job.name,
+        job_uid=cfg.job.uid,
+        role=cfg.role,
+        interval_s=hb.interval_seconds,
+        timeout_s=hb.timeout_seconds,
+    )
+
+
+# --------------------------------------------------------------------------- pure: reports -> Lease
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def progress(
+    row: Mapping[str, Any] | None, *, step: int = 0, weight_version: int = 0, finished: bool = False
+) -> status.Progress:
+    """The operator's `Progress` from the trainer's metrics row (`trainer.Coordination.log_step`).
+
+    Without a row yet (e.g. a resumed job that is already done) only `step`, `weight_version` and
+    `finished` are known. Non-finite numbers (a batch without samples has a NaN reward) become
+    empty or zero rather than invalid JSON.
+    """
+    if row is None:
+        return status.Progress(step=step, weight_version=weight_version, finished=finished)
+    step = int(row.get("step", step))
+    generated = max(0.0, _finite(row.get("generated_tokens_per_s")) or 0.0)
+    trained = max(0.0, _finite(row.get("trained_tokens_per_s")) or 0.0)
+    return status.Progress(
+        step=step,
+        weight_version=int(row.get("version", step)),
+        lag=status.Lag(
+            mean=max(0.0, _finite(row.get("lag_mean")) or 0.0),
+            max=max(0, int(_finite(row.get("lag_max")) or 0)),
+        ),
+        reward=_finite(row.get("reward_mean")),
+        throughput=status.Throughput(
+            generated_tokens_per_second=generated,
+            trained_tokens_per_second=trained,
+            ratio=trained / generated if generated > 0 else 0.0,
+        ),
+        finished=finished,
+    )
+
+
+def trainer_report(
+    row: Mapping[str, Any] | None,
+    *,
+    step: int,
+    weight_version: int,
+    finished: bool,
+    tokens_per_second: float | None = None,
+    queue_depth: int | None = None,
+) -> Report:
+    """Trainer rank 0's report: its progress (once there is something to say) and its rates."""
+    busy, wall = (_finite(row.get("busy_s")), _finite(row.get("step_s"))) if row else (None, None)
+    return Report(
+        role="trainer",
+        weight_version=weight_version,
+        tokens_per_second=tokens_per_second,
+        queue_depth=queue_depth,
+        utilisation=min(1.0, busy / wall) if busy is not None and wall else None,
+        progress=progress(row, step=step, weight_version=weight_version, finished=finished)
+        if row is not None or finished
+        else None,
+    )
+
+
+def generator_report(
+    weight_version: int, tokens_per_second: float, in_flight: int, capacity: int, queue_depth: int
+) -> Report:
+    return Report(
+        role="generator",
+        weight_version=weight_version,
+        tokens_per_second=tokens_per_second,
+        queue_depth=queue_depth,
+        utilisation=min(1.0, in_flight / capacity) if capacity > 0 else None,
+    )
+
+
+def lease_annotations(report: Report) -> dict[str, str]:
+    """The Lease annotations for `report` (string values, as Kubernetes requires)."""
+    out = {ANNOTATION_ROLE: report.role}
+    if report.weight_version is not None:
+        out[ANNOTATION_WEIGHT_VERSION] = str(report.weight_version)
+    tps = _finite(report.tokens_per_second)
+    if tps is not None:
+        out[ANNOTATION_TOKENS_PER_SECOND] = f"{max(0.0, tps):.1f}"
+    if report.queue_depth is not None:
+        out[ANNOTATION_QUEUE_DEPTH] = str(report.queue_depth)
+    util = _finite(report.utilisation)
+    if util is not None:
+        out[ANNOTATION_UTILISATION] = f"{min(1.0, max(0.0, util)):.3f}"
+    if report.progress is not None:
+        out[ANNOTATION_PROGRESS] = report.progress.model_dump_json(by_alias=True)
+    return out
+
+
+def micro_time(t: datetime.datetime) -> str:
+    """A Kubernetes MicroTime (RFC 3339, microseconds, UTC)."""
+    return t.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease(
+    tgt: Target, report: Report, *, now: datetime.datetime, acquired: datetime.datetime
+) -> dict[str, Any]:
+    """The whole Lease as this worker applies it (server-side apply: what is left out is removed)."""
+    meta: dict[str, Any] = {
+        "name": tgt.name,
+        "namespace": tgt.namespace,
+        "labels": {LABEL_JOB: tgt.job, LABEL_ROLE: tgt.role},
+        "annotations": lease_annotations(report),
+    }
+    if tgt.job_uid:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": f"{spec_mod.API_GROUP}/{spec_mod.API_VERSION}",
+                "kind": spec_mod.KIND,
+                "name": tgt.job,
+                "uid": tgt.job_uid,
+            }
+        ]
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": meta,
+        "spec": {
+            "holderIdentity": tgt.pod,
+            "leaseDurationSeconds": max(1, math.ceil(tgt.timeout_s)),
+            "acquireTime": micro_time(acquired),
+            "renewTime": micro_time(now),
+        },
+    }
+
+
+# --------------------------------------------------------------------------- I/O
+
+
+class _Api:
+    """Server-side apply of one Lease with the pod's ServiceAccount (or a kubeconfig's) credentials."""
+
+    def __init__(self, api: k8s_client.ApiClient) -> None:
+        from kubernetes import client
+
+        self._api = api
+        self._leases = client.CoordinationV1Api(api)
+
+    @staticmethod
+    def from_env(env: Mapping[str, str], sa_dir: pathlib.Path = SA_DIR) -> _Api:
+        """In-cluster ServiceAccount credentials if mounted, else the kubeconfig `$KUBECONFIG` names."""
+        from kubernetes import client, config
+
+        if env.get("KUBERNETES_SERVICE_HOST") and (sa_dir / "token").exists():
+            conf = client.Configuration()
+            # Re-reads the token file when it expires: kubelet rotates projected tokens.
+            loader = config.incluster_config.InClusterConfigLoader(
+                token_filename=str(sa_dir / "token"), cert_filename=str(sa_dir / "ca.crt"), environ=env
+            )
+            loader.load_and_set(conf)
+            return _Api(client.ApiClient(conf))
+        if env.get("KUBECONFIG"):
+            return _Api(config.new_client_from_config(config_file=env["KUBECONFIG"], persist_config=False))
+        raise LookupError("no ServiceAccount token mounted and KUBECONFIG is unset")
+
+    def apply(self, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        self._leases.patch_namespaced_lease(
+            meta["name"],
+            meta["namespace"],
+            body,
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+            _request_timeout=REQUEST_TIMEOUT_S,
+        )
+
+    def close(self) -> None:
+        self._api.close()
+
+
+def _describe(err: Exception) -> str:
+    """An API error as `HTTP 403 Forbidden: <the API server's message>`, anything else by type."""
+    code, reason = getattr(err, "status", None), getattr(err, "reason", None)
+    if not code:
+        return f"{type(err).__name__}: {err}"
+    try:
+        message = json.loads(getattr(err, "body", None) or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        message = ""
+    return f"HTTP {code} {reason}" + (f": {message}" if message else "")
+
+
+class Heartbeat:
+    """The renewal thread. `beat()` renews once; `stop()` ends the loop, then renews a
+    last time so the final report (e.g. `finished`) reaches the operator."""
+
+    def __init__(
+        self,
+        tgt: Target,
+        report: Callable[[], Report],
+        api: _Api,
+        clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+    ) -> None:
+        self.target = tgt
+        self._report = report
+        self._api = api
+        self._clock = clock
+        self._acquired = clock()
+        self._last = Report(role=tgt.role)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")
+        self._failures = 0
+        self.renewals = 0
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def beat(self) -> bool:
+        """Renew the Lease once with a fresh report; False (logged) if that failed. Not reentrant."""
+        try:
+            self._last = self._report()
+        except Exception:  # a broken report must not stop the worker proving it is alive
+            log.exception("heartbeat report failed; renewing with the previous one")
+        try:
+            self._api.apply(lease(self.target, self._last, now=self._clock(), acquired=self._acquired))
+        except Exception as err:  # the API server may be down, slow or refusing: retry, never crash
+            self._failures += 1
+            if self._failures == 1 or self._failures % 10 == 0:
+                log.warning(
+                    "renewing Lease %s/%s failed (%d in a row): %s",
+                    self.target.namespace,
+                    self.target.name,
+                    self._failures,
+                    _describe(err),
+                )
+            return False
+        if self._failures:
+            log.info("Lease %s renewed again after %d failures", self.target.name, self._failures)
+        self._failures = 0
+        self.renewals += 1
+        return True
+
+    def _run(self) -> None:
+        interval = self.target.interval_s
+        while not self._stop.is_set():
+            ok = self.beat()
+            # After a failure retry sooner (0.5 s, doubling) but never slower than the interval.
+            self._stop.wait(interval if ok else min(interval, 0.5 * 2 ** min(self._failures - 1, 10)))
+
+    def stop(self, *, final: bool = True) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=REQUEST_TIMEOUT_S + 5)
+        if final and not self._thread.is_alive():  # never two renewals at once
+            self.beat()
+        self._api.close()
+
+
+def start(
+    cfg: config_mod.WorkerConfig,
+    report: Callable[[], Report],
+    env: Mapping[str, str] | None = None,
+    sa_dir: pathlib.Path = SA_DIR,
+) -> Heartbeat | None:
+    """Start renewing this pod's Lease; None outside a cluster or without credentials (logged).
+
+    `env` (default: the process's) and `sa_dir` (where a pod's ServiceAccount token is mounted)
+    are for tests.
+    """
+    env = os.environ if env is None else env
+    tgt = target(cfg, env)
+    if tgt is None:
+        return None
+    try:
+        api = _Api.from_env(env, sa_dir)
+    except Exception as err:  # e.g. automountServiceAccountToken: false; training goes on unobserved
+        log.warning("no heartbeat for %s: cannot reach the API server (%s)", tgt.name, _describe(err))
+        return None
+    log.info("renewing Lease %s/%s every %.1f s", tgt.namespace, tgt.name, tgt.interval_s)
+    return Heartbeat(tgt, report, api).start()

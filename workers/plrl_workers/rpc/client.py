@@ -1,0 +1,138 @@
+"""A thin typed client for the coordinator: one method per RPC, plain runtime types in and out.
+
+Every call carries the job token (`rpc/auth.py`). Failures of a whole call raise `grpc.RpcError`
+(`.code()` is e.g. UNAUTHENTICATED, FAILED_PRECONDITION); refusals of single rollout groups come back
+as `coordinator.SubmitResult`s with a non-OK `code`, and the stream goes on.
+
+Usage (generator main loop, sketched):
+
+    c = client.CoordinatorClient("trainer-0.job:7000", token)
+    reg = c.register("gen-0")
+    if reg.weight_version > engine.weight_version:
+        pulled = c.pull_weights("gen-0", reg.weight_version)
+        engine.update_weights(pulled.named_tensors, pulled.version)
+    control = c.control("gen-0")          # iterate in a thread: WeightUpdate / PullWeights / Stop
+    batch = c.lease_prompts("gen-0", max_prompts=4, wait_s=1.0)
+    ... generate G samples per lease ...
+    results = c.submit(groups)            # one result per group; or, for a long-lived stream that
+                                          # re-sends on RESOURCE_EXHAUSTED: rpc/rollout_stream.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import grpc
+import torch
+
+from plrl_workers import coordinator, coordinator_control, types
+from plrl_workers.rpc import auth, convert
+from plrl_workers.rpc.generated import plrl_pb2 as pb
+from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
+from plrl_workers.weight_sync import base, snapshot
+
+MAX_MESSAGE_BYTES = 256 << 20
+
+
+@dataclasses.dataclass
+class PulledWeights:
+    """A full-weights pull: iterate `named_tensors` once, to the end, to receive every parameter."""
+
+    version: int
+    params: tuple[base.ParamMeta, ...]
+    named_tensors: Iterator[tuple[str, torch.Tensor]]
+
+
+class ControlStream:
+    """Coordinator -> generator events; iterating blocks until the next one. `cancel()` ends it."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[coordinator_control.ControlEvent]:
+        for message in self._call:
+            yield convert.control_from_pb(message)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class CoordinatorClient:
+    """Connects lazily; safe to share between threads (gRPC channels are)."""
+
+    def __init__(self, target: str, token: str, *, timeout_s: float = 30.0) -> None:
+        self._channel = grpc.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self._md = auth.metadata(token)
+        self._timeout_s = timeout_s
+
+    def register(self, generator_id: str) -> coordinator.Registration:
+        r = self._stub.Register(
+            pb.RegisterRequest(generator_id=generator_id), metadata=self._md, timeout=self._timeout_s
+        )
+        return coordinator.Registration(r.weight_version, r.samples_per_prompt, r.lease_timeout_s, r.session)
+
+    def lease_prompts(
+        self, generator_id: str, max_prompts: int, wait_s: float = 0.0
+    ) -> coordinator.LeaseBatch:
+        """Leases' `deadline`s are on this process's `time.monotonic()` clock."""
+        r = self._stub.LeasePrompts(
+            pb.LeaseRequest(generator_id=generator_id, max_prompts=max_prompts, wait_s=wait_s),
+            metadata=self._md,
+            timeout=self._timeout_s + wait_s,
+        )
+        return coordinator.LeaseBatch([convert.lease_from_pb(x, generator_id) for x in r.leases], r.finished)
+
+    def submit_rollouts(self, groups: Iterable[types.RolloutGroup]) -> Iterator[coordinator.SubmitResult]:
+        """Stream `groups` (consumed in a background thread) and yield one result per group, in order."""
+        acks = self._stub.SubmitRollouts((convert.group_to_pb(g) for g in groups), metadata=self._md)
+        for ack in acks:
+            yield convert.ack_from_pb(ack)
+
+    def submit(self, groups: Sequence[types.RolloutGroup]) -> list[coordinator.SubmitResult]:
+        """`submit_rollouts` for a list: returns when every group has its result."""
+        return list(self.submit_rollouts(groups))
+
+    def control(self, generator_id: str) -> ControlStream:
+        """Open this generator's control stream (one per generator; a newer one replaces it)."""
+        return ControlStream(
+            self._stub.Control(pb.ControlRequest(generator_id=generator_id), metadata=self._md)
+        )
+
+    def pull_weights(self, generator_id: str, min_version: int = 0, device: str = "cpu") -> PulledWeights:
+        """Start pulling the full current weights (UNAVAILABLE if the trainer has none >= min_version)."""
+        stream = self._stub.PullWeights(
+            pb.PullRequest(generator_id=generator_id, min_version=min_version), metadata=self._md
+        )
+        head = next(stream)
+        params = tuple(convert.param_from_pb(p) for p in head.params)
+
+        def data() -> Iterator[bytes]:
+            if head.data:
+                yield head.data
+            for chunk in stream:
+                yield chunk.data
+
+        return PulledWeights(head.version, params, snapshot.assemble(params, data(), device))
+
+    def status(self) -> coordinator.Stats:
+        return convert.stats_from_pb(
+            self._stub.Status(pb.StatusRequest(), metadata=self._md, timeout=self._timeout_s)
+        )
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,242 @@
+"""Plain runtime types <-> protobuf messages (pure; the only code that touches message fields).
+
+Per-token arrays go through numpy as packed little-endian bytes (see `plrl.proto`). Decoding a
+malformed message (a byte array whose length is not a whole number of elements) raises ValueError;
+the server turns that into an INVALID_ARGUMENT ack. Neighbours: `rpc/server.py`, `rpc/client.py`,
+`coordinator.py` (its Lease, SubmitResult, control events, Stats), `weight_sync/base.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy
+import numpy.typing as npt
+
+from plrl_workers import coordinator, coordinator_control, types
+from plrl_workers.rpc.generated import plrl_pb2 as pb
+from plrl_workers.weight_sync import base
+
+I32 = numpy.dtype("<i4")
+F32 = numpy.dtype("<f4")
+
+Message = Any  # generated protobuf classes are untyped here (see pyproject's mypy overrides)
+
+
+def pack_i32(values: npt.ArrayLike) -> bytes:
+    """Packed little-endian int32s; an int32 array is copied once, into the bytes."""
+    return numpy.asarray(values, dtype=I32).tobytes()
+
+
+def pack_f32(values: npt.ArrayLike) -> bytes:
+    return numpy.asarray(values, dtype=F32).tobytes()
+
+
+def view_i32(data: bytes, what: str) -> npt.NDArray[numpy.int32]:
+    """A zero-copy read-only view of packed int32s."""
+    if len(data) % 4:
+        raise ValueError(f"{what}: {len(data)} bytes is not a whole number of int32")
+    return numpy.frombuffer(data, dtype=I32)
+
+
+def view_f32(data: bytes, what: str) -> npt.NDArray[numpy.float32]:
+    if len(data) % 4:
+        raise ValueError(f"{what}: {len(data)} bytes is not a whole number of float32")
+    return numpy.frombuffer(data, dtype=F32)
+
+
+def unpack_i32(data: bytes, what: str) -> list[int]:
+    result: list[int] = view_i32(data, what).tolist()
+    return result
+
+
+# ---- prompts and leases ------------------------------------------------------------------------
+
+
+def prompt_to_pb(p: types.Prompt) -> Message:
+    return pb.Prompt(prompt_id=p.prompt_id, text=p.text, answer=p.answer, token_ids=pack_i32(p.token_ids))
+
+
+def prompt_from_pb(m: Message) -> types.Prompt:
+    return types.Prompt(
+        prompt_id=m.prompt_id,
+        text=m.text,
+        answer=m.answer,
+        token_ids=tuple(unpack_i32(m.token_ids, "prompt.token_ids")),
+    )
+
+
+def lease_to_pb(lease: coordinator.Lease, now: float) -> Message:
+    return pb.Lease(
+        lease_id=lease.lease_id, prompt=prompt_to_pb(lease.prompt), timeout_s=lease.deadline - now
+    )
+
+
+def lease_from_pb(m: Message, generator_id: str) -> coordinator.Lease:
+    """The generator's view of a lease: `deadline` is on this process's `time.monotonic()` clock."""
+    return coordinator.Lease(
+        lease_id=m.lease_id,
+        prompt=prompt_from_pb(m.prompt),
+        generator_id=generator_id,
+        deadline=time.monotonic() + m.timeout_s,
+    )
+
+
+# ---- rollouts ----------------------------------------------------------------------------------
+
+
+def group_to_pb(g: types.RolloutGroup) -> Message:
+    return pb.RolloutGroup(
+        lease_id=g.lease_id,
+        prompt_id=g.prompt_id,
+        prompt_token_ids=pack_i32(g.prompt_token_ids),
+        generator_id=g.generator_id,
+        samples=[
+            pb.Sample(
+                token_ids=pack_i32(s.token_ids),
+                logprobs=pack_f32(s.logprobs),
+                versions=pack_i32(s.versions),
+                reward=s.reward,
+                finish_reason=s.finish_reason,
+            )
+            for s in g.samples
+        ],
+    )
+
+
+def group_from_pb(m: Message) -> types.RolloutGroup:
+    """Decode a RolloutGroup message; the samples' arrays are read-only views of its bytes."""
+    return types.RolloutGroup(
+        lease_id=m.lease_id,
+        prompt_id=m.prompt_id,
+        prompt_token_ids=unpack_i32(m.prompt_token_ids, "prompt_token_ids"),
+        generator_id=m.generator_id,
+        samples=[
+            types.Sample(
+                token_ids=view_i32(s.token_ids, f"samples[{i}].token_ids"),
+                logprobs=view_f32(s.logprobs, f"samples[{i}].logprobs"),
+                versions=view_i32(s.versions, f"samples[{i}].versions"),
+                reward=s.reward,
+                finish_reason=s.finish_reason,
+            )
+            for i, s in enumerate(m.samples)
+        ],
+    )
+
+
+def ack_to_pb(r: coordinator.SubmitResult) -> Message:
+    return pb.SubmitAck(lease_id=r.lease_id, code=r.code.name, message=r.message)
+
+
+def ack_from_pb(m: Message) -> coordinator.SubmitResult:
+    return coordinator.SubmitResult(lease_id=m.lease_id, code=coordinator.Code(m.code), message=m.message)
+
+
+# ---- weight sync -------------------------------------------------------------------------------
+
+
+def param_to_pb(p: base.ParamMeta) -> Message:
+    return pb.ParamMeta(name=p.name, dtype=p.dtype, shape=list(p.shape))
+
+
+def param_from_pb(m: Message) -> base.ParamMeta:
+    return base.ParamMeta(name=m.name, dtype=m.dtype, shape=tuple(m.shape))
+
+
+def group_info_to_pb(g: base.GroupInfo) -> Message:
+    return pb.GroupInfo(
+        host=g.host, port=g.port, rank=g.rank, world_size=g.world_size, epoch=g.epoch, backend=g.backend
+    )
+
+
+def group_info_from_pb(m: Message) -> base.GroupInfo:
+    return base.GroupInfo(
+        host=m.host, port=m.port, rank=m.rank, world_size=m.world_size, epoch=m.epoch, backend=m.backend
+    )
+
+
+def control_to_pb(e: coordinator_control.ControlEvent) -> Message:
+    if isinstance(e, coordinator_control.WeightUpdate):
+        a = e.announcement
+        return pb.ControlMessage(
+            weight_update=pb.WeightUpdate(
+                version=a.version,
+                epoch=a.epoch,
+                params=[param_to_pb(p) for p in a.params],
+                bucket_bytes=a.bucket_bytes,
+                group=group_info_to_pb(e.group),
+            )
+        )
+    if isinstance(e, coordinator_control.PullWeights):
+        return pb.ControlMessage(pull=pb.PullHint(version=e.version))
+    return pb.ControlMessage(stop=pb.StopRequest(reason=e.reason))
+
+
+def control_from_pb(m: Message) -> coordinator_control.ControlEvent:
+    kind = m.WhichOneof("event")
+    if kind == "weight_update":
+        w = m.weight_update
+        ann = base.Announcement(
+            version=w.version,
+            epoch=w.epoch,
+            params=tuple(param_from_pb(p) for p in w.params),
+            bucket_bytes=w.bucket_bytes,
+        )
+        return coordinator_control.WeightUpdate(group=group_info_from_pb(w.group), announcement=ann)
+    if kind == "pull":
+        return coordinator_control.PullWeights(version=m.pull.version)
+    if kind == "stop":
+        return coordinator_control.Stop(reason=m.stop.reason)
+    raise ValueError(f"control message without a known event (got {kind!r})")
+
+
+# ---- status ------------------------------------------------------------------------------------
+
+
+def stats_to_pb(s: coordinator.Stats) -> Message:
+    a = s.accounting
+    return pb.StatusReply(
+        accounting=pb.Accounting(
+            issued=a.issued,
+            trained=a.trained,
+            dropped_by_lag=a.dropped_by_lag,
+            leased=a.leased,
+            requeued=a.requeued,
+            buffered=a.buffered,
+            in_training=a.in_training,
+        ),
+        weight_version=s.weight_version,
+        buffer_capacity=s.buffer_capacity,
+        generators=s.generators,
+        control_streams=s.control_streams,
+        leases_expired=s.leases_expired,
+        leases_revoked=s.leases_revoked,
+        refused=dict(s.refused),
+        source_exhausted=s.source_exhausted,
+        finished=s.finished,
+    )
+
+
+def stats_from_pb(m: Message) -> coordinator.Stats:
+    a = m.accounting
+    return coordinator.Stats(
+        accounting=coordinator.Accounting(
+            issued=a.issued,
+            trained=a.trained,
+            dropped_by_lag=a.dropped_by_lag,
+            leased=a.leased,
+            requeued=a.requeued,
+            buffered=a.buffered,
+            in_training=a.in_training,
+        ),
+        weight_version=m.weight_version,
+        buffer_capacity=m.buffer_capacity,
+        generators=m.generators,
+        control_streams=m.control_streams,
+        leases_expired=m.leases_expired,
+        leases_revoked=m.leases_revoked,
+        refused=dict(m.refused),
+        source_exhausted=m.source_exhausted,
+        finished=m.finished,
+    )

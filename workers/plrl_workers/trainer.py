@@ -1,0 +1,384 @@
+"""The trainer role: data-parallel RL steps on rollouts as they arrive; rank 0 also coordinates.
+
+One process per trainer rank (`python -m plrl_workers.trainer --config /etc/plrl/trainer.json`; a
+pod with several accelerators starts one rank per accelerator, like torchrun). Rank 0 runs the
+job's coordinator: the gRPC service generators lease prompts from and stream rollouts to, the
+weight broadcaster, and the run's metrics log. Every optimizer step:
+
+1. rank 0 takes B/G rollout groups from the coordinator (blocking: backpressure on generators),
+2. all ranks get the same groups and `rl.step.prepare` applies the lag policy, computes
+   leave-one-out advantages and packs this rank's share into micro-batches,
+3. `rl.step.train_step` runs them through the training engine and one optimizer step,
+4. rank 0 tells the coordinator which prompts were trained or dropped, broadcasts the new weights
+   to the generators in flight (every `pipeline.weightSyncEverySteps`), writes a metrics line, and
+5. every `training.checkpoint.everySteps` all ranks write a checkpoint that includes the
+   coordinator's prompt accounting, so a restarted job neither loses nor repeats a prompt.
+
+Neighbours: `coordinator.py`, `rpc/server.py`, `weight_sync/sender.py`, `rl/step.py`,
+`engines/training.py`, `checkpoint.py`, `tasks/` (the prompt source), `report.py` (metrics file),
+`heartbeat.py` (in a cluster: each pod's Lease; rank 0's carries the job's progress).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy
+import torch
+import torch.distributed as dist
+
+from plrl_workers import checkpoint, coordinator, heartbeat, metrics, report, types
+from plrl_workers import config as config_mod
+from plrl_workers.engines import base as engines
+from plrl_workers.engines import training
+from plrl_workers.rl import step as rl_step
+from plrl_workers.rpc import server as rpc_server
+from plrl_workers.tasks import base as tasks
+from plrl_workers.weight_sync import sender, snapshot
+
+log = logging.getLogger("plrl.trainer")
+
+TAKE_TIMEOUT_S = 5.0
+
+
+@dataclasses.dataclass
+class RankInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def model_dir(cfg: config_mod.WorkerConfig) -> str:
+    return cfg.local.model_dir if cfg.local is not None else cfg.spec.model.name
+
+
+def checkpoint_root(cfg: config_mod.WorkerConfig) -> pathlib.Path:
+    if cfg.local is not None:
+        return pathlib.Path(cfg.local.run_dir) / "checkpoints"
+    return pathlib.Path(cfg.spec.training.checkpoint.path)
+
+
+def batch_stats(groups: list[types.RolloutGroup], version: int) -> dict[str, float]:
+    """Reward, lag and version mixing of one optimizer batch, as the run's metrics log reports them."""
+    samples = [s for g in groups for s in g.samples]
+    versions = numpy.concatenate([numpy.zeros(0, numpy.int32)] + [s.versions for s in samples])
+    return {
+        "reward_mean": sum(s.reward for s in samples) / len(samples) if samples else float("nan"),
+        "lag_mean": float(version - versions.mean()) if len(versions) else 0.0,
+        "lag_max": int(version - versions.min()) if len(versions) else 0,
+        "mixed_version_samples": sum(1 for s in samples if len(numpy.unique(s.versions)) > 1),
+        "completion_tokens": sum(len(s.token_ids) for s in samples),
+    }
+
+
+class Coordination:
+    """Rank 0's side jobs: the coordinator and its gRPC server, weight broadcast, metrics log."""
+
+    def __init__(
+        self,
+        cfg: config_mod.WorkerConfig,
+        ident: config_mod.Identity,
+        state: dict[str, Any] | None,
+        prompt_budget: int,
+    ) -> None:
+        import transformers
+
+        spec = cfg.spec
+        self.cfg = cfg
+        tokenizer = transformers.AutoTokenizer.from_pretrained(spec.model.tokenizer or model_dir(cfg))
+        task = tasks.from_spec(spec.task, base_dir=cfg.local.run_dir if cfg.local else ".")
+        start = int(state["next_index"]) if state else 0
+        source = tasks.to_prompts(task, tokenizer, spec.task.seed, start=start)
+        g = spec.generation.samples_per_prompt
+        self.coord = coordinator.Coordinator(
+            source,
+            coordinator.Config(
+                samples_per_prompt=g,
+                # Enough for two optimizer batches: trainers never starve, generators never run
+                # far ahead (every buffered group ages while it waits).
+                buffer_groups=max(2, 2 * spec.training.batch_size // g),
+                lease_timeout_s=max(60.0, spec.heartbeat.timeout_seconds * 4),
+                vocab_size=len(tokenizer),
+                prompt_budget=prompt_budget,
+            ),
+            state=state,
+            skip_source=False,
+        )
+        _, port = config_mod.split_host_port(cfg.endpoints.coordinator)
+        self.snapshots = snapshot.SnapshotStore()
+        self.server = rpc_server.serve(
+            self.coord, token=ident.token, snapshots=self.snapshots, host=ident.bind_host, port=port
+        )
+        ws_host, ws_port = config_mod.split_host_port(cfg.endpoints.weight_sync)
+        self.broadcaster = sender.WeightBroadcaster(
+            advertise_host=ws_host,
+            port=ws_port,
+            backend="nccl" if torch.cuda.is_available() else "gloo",
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            snapshots=self.snapshots,
+        )
+        self.metrics = metrics.WorkerMetrics("trainer")
+        self.metrics.watch_coordinator(self.coord.stats)
+        self.metrics_endpoint = self.metrics.serve(
+            ident.metrics_port or cfg.ports.metrics, host=ident.bind_host
+        )
+        self.run_dir = pathlib.Path(cfg.local.run_dir) if cfg.local else None
+        # The clock starts when the first batch is in: worker start-up (imports, engine warm-up)
+        # is a fixed cost that would otherwise dominate short runs and skew mode comparisons.
+        self.started: float | None = None
+        self.generated_tokens = 0
+        self.trained_tokens = 0
+        self.last_row: dict[str, Any] | None = None  # read by the heartbeat thread
+
+    def take(self, n_groups: int, stop: threading.Event) -> list[types.RolloutGroup]:
+        groups: list[types.RolloutGroup] = []
+        while len(groups) < n_groups and not stop.is_set():
+            groups += self.coord.take(n_groups - len(groups), timeout_s=TAKE_TIMEOUT_S)
+            if self.coord.stats().finished:
+                break
+        return groups
+
+    def publish(self, engine: engines.TrainingEngine) -> None:
+        """Send the engine's current weights to every generator (or only publish them for pulls)."""
+        t0 = time.perf_counter()
+        rep = self.broadcaster.broadcast(
+            engine.version,
+            engine.named_parameters_for_sync(),
+            self.coord.weight_members(),
+            self.coord.announce_weights,
+        )
+        for gen in rep.missed:
+            self.coord.request_pull(gen, engine.version)
+        self.metrics.weight_sync_seconds.observe(time.perf_counter() - t0)
+
+    def log_step(
+        self,
+        step: int,
+        stats: dict[str, float],
+        train_metrics: dict[str, float],
+        step_s: float,
+        busy_s: float,
+    ) -> None:
+        if self.started is None:
+            self.started = time.monotonic() - busy_s
+        elapsed = time.monotonic() - self.started
+        self.generated_tokens += int(stats["completion_tokens"])
+        self.trained_tokens += int(train_metrics.get("input_tokens", 0))
+        acct = self.coord.stats().accounting
+        row = {
+            "step": step,
+            "version": int(train_metrics.get("version", step)),
+            "elapsed_s": round(elapsed, 3),
+            "step_s": round(step_s, 4),
+            "busy_s": round(busy_s, 4),
+            **{k: v for k, v in stats.items() if k != "completion_tokens"},
+            # Whole-run averages (comparable between pipeline and conventional runs) ...
+            "generated_tokens_per_s": self.generated_tokens / elapsed if elapsed > 0 else 0.0,
+            "trained_tokens_per_s": self.trained_tokens / elapsed if elapsed > 0 else 0.0,
+            # ... and what the trainers manage while busy (the autoscaler's r_train).
+            "train_busy_tokens_per_s": train_metrics.get("input_tokens", 0.0) / busy_s if busy_s > 0 else 0.0,
+            **{k: v for k, v in train_metrics.items() if k not in ("version",)},
+            "prompts": dataclasses.asdict(acct),
+        }
+        self.metrics.reward.set(stats["reward_mean"])
+        self.metrics.observe_lag(stats["lag_mean"], stats["lag_max"])
+        self.metrics.weight_version.set(train_metrics.get("version", step))
+        self.metrics.add_trained_tokens(int(train_metrics.get("input_tokens", 0)))
+        self.metrics.step_seconds.observe(step_s)
+        self.last_row = row
+        if self.run_dir is not None:
+            with (self.run_dir / report.METRICS_FILE).open("a") as f:
+                f.write(json.dumps(row, default=float) + "\n")
+
+    def close(self) -> None:
+        self.coord.stop("training finished")
+        self.server.stop(grace_s=2.0)
+        self.broadcaster.close()
+        self.metrics_endpoint.close()
+
+
+def _broadcast_groups(groups: list[types.RolloutGroup] | None, rank: int) -> list[types.RolloutGroup]:
+    box: list[Any] = [groups if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    out: list[types.RolloutGroup] = box[0]
+    return out
+
+
+class TrainLoop:
+    """The optimizer-step loop every trainer rank runs; rank 0 also owns the `Coordination` hub.
+
+    Pipeline mode calls `train_one` back to back and `publish` after every k steps; conventional
+    mode (`conventional.py`) interleaves rounds of generation in the same processes.
+    """
+
+    def __init__(
+        self,
+        cfg: config_mod.WorkerConfig,
+        ident: config_mod.Identity,
+        ranks: RankInfo,
+        stop: threading.Event,
+        *,
+        prompt_budget: int | None = None,
+    ) -> None:
+        spec = cfg.spec
+        self.cfg, self.ranks, self.stop = cfg, ranks, stop
+        self.engine = training.create(training.TrainEngineConfig.from_spec(spec, model_dir(cfg)))
+        self.ckpt_root = checkpoint_root(cfg)
+        meta = checkpoint.resume(self.engine, self.ckpt_root)
+        self.step = meta.step if meta else 0
+        if meta:
+            log.info("resumed from %s: step %d, weight version %d", self.ckpt_root, meta.step, meta.version)
+        self.n_groups = spec.training.batch_size // spec.generation.samples_per_prompt
+        self.total_steps = spec.training.total_steps
+        budget = self.total_steps * self.n_groups if prompt_budget is None else prompt_budget
+        state = meta.extra.get("coordinator") if meta else None
+        self.hub = Coordination(cfg, ident, state, budget) if ranks.rank == 0 else None
+        if self.hub is not None:
+            self.hub.coord.finish_step(self.engine.version)
+        self.rl_cfg = rl_step.RLConfig.from_spec(spec)
+        self.closing = False
+        # One Lease per pod, so only its first rank renews it (a no-op outside a cluster).
+        self.heartbeat = heartbeat.start(cfg, self.heartbeat_report) if ranks.local_rank == 0 else None
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.total_steps
+
+    def heartbeat_report(self) -> heartbeat.Report:
+        """This rank's Lease annotations; rank 0's carry the job's progress (called by the heartbeat)."""
+        hub = self.hub
+        if hub is None:
+            return heartbeat.Report(role="trainer", weight_version=self.engine.version)
+        return heartbeat.trainer_report(
+            hub.last_row,
+            step=self.step,
+            weight_version=self.engine.version,
+            # Only once the last step is checkpointed and the loop is shutting down: the operator
+            # takes `finished` as the job having succeeded.
+            finished=self.done and self.closing,
+            tokens_per_second=hub.metrics.trained_tokens_per_second(),
+            queue_depth=hub.coord.stats().accounting.buffered,
+        )
+
+    def train_one(self) -> bool:
+        """One optimizer step on B fresh samples; False if the job stopped before a full batch."""
+        hub, engine = self.hub, self.engine
+        t0 = time.perf_counter()
+        groups = _broadcast_groups(hub.take(self.n_groups, self.stop) if hub else None, self.ranks.rank)
+        t_busy = time.perf_counter()
+        if len(groups) < self.n_groups:
+            why = "asked to stop" if self.stop.is_set() else "no more prompts"
+            log.info("stopping at step %d: %s", self.step, why)
+            return False
+        version = engine.version
+        prepared = rl_step.prepare(groups, version, self.ranks.world_size, self.rl_cfg)
+        out = rl_step.train_step(engine, prepared.micro_batches[self.ranks.rank], self.rl_cfg)
+        out |= prepared.metrics()
+        self.step += 1
+        if hub is not None:
+            hub.coord.finish_step(engine.version, dropped=prepared.prompts_dropped)
+            now = time.perf_counter()
+            hub.log_step(self.step, batch_stats(groups, version), out, now - t0, now - t_busy)
+        ckpt = self.cfg.spec.training.checkpoint
+        if self.step % ckpt.every_steps == 0 or self.done:
+            extra = {"coordinator": hub.coord.export_state()} if hub else {}
+            checkpoint.save(
+                engine,
+                self.ckpt_root,
+                self.step,
+                extra=extra,
+                keep=ckpt.keep,
+                tokenizer_from=model_dir(self.cfg),
+            )
+        return True
+
+    def publish(self) -> None:
+        """Rank 0: broadcast the current weights to the generators (collective with them)."""
+        if self.hub is not None:
+            self.hub.publish(self.engine)
+
+    def close(self) -> None:
+        self.closing = True
+        if self.heartbeat is not None:
+            self.heartbeat.stop()  # a last renewal, saying `finished` if the job is done
+        if self.hub is not None:
+            self.hub.close()
+        self.engine.close()
+
+
+def train(
+    cfg: config_mod.WorkerConfig, ident: config_mod.Identity, ranks: RankInfo, stop: threading.Event
+) -> int:
+    """Pipeline mode: train as rollouts arrive and send new weights every k steps."""
+    loop = TrainLoop(cfg, ident, ranks, stop)
+    sync_every = cfg.spec.pipeline.weight_sync_every_steps
+    try:
+        loop.publish()  # no members yet: makes the current weights pullable (e.g. after a resume)
+        while not loop.done and loop.train_one():
+            if loop.step % sync_every == 0 or loop.done:
+                loop.publish()
+    finally:
+        loop.close()
+    return 0 if loop.done or stop.is_set() else 1
+
+
+def rank_info(env: dict[str, str]) -> RankInfo | None:
+    """This process's rank, or None when it must first start one process per local accelerator."""
+    nproc = int(env.get("NPROC_PER_NODE", "1"))
+    if "RANK" in env:
+        return RankInfo(int(env["RANK"]), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
+    node = int(env.get("NODE_RANK", env.get("PLRL_POD_INDEX", "0")))
+    if nproc == 1:
+        return RankInfo(node, int(env.get("WORLD_SIZE", "1")), 0)
+    return None
+
+
+def _spawn_local_ranks(argv: list[str]) -> int:
+    """A pod with several accelerators: one process per accelerator, torchrun-style."""
+    nproc = int(os.environ["NPROC_PER_NODE"])
+    node = int(os.environ.get("NODE_RANK", os.environ.get("PLRL_POD_INDEX", "0")))
+    procs = []
+    for local in range(nproc):
+        env = {**os.environ, "RANK": str(node * nproc + local), "LOCAL_RANK": str(local)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "plrl_workers.trainer", *argv], env=env))
+
+    def forward_term(*_: object) -> None:
+        for p in procs:
+            p.terminate()
+
+    signal.signal(signal.SIGTERM, forward_term)
+    codes = [p.wait() for p in procs]
+    return max(codes, key=abs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m plrl_workers.trainer", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="worker config JSON (/etc/plrl/trainer.json)")
+    args = ap.parse_args(argv)
+    ranks = rank_info(dict(os.environ))
+    if ranks is None:
+        return _spawn_local_ranks(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank{ranks.rank} %(name)s %(levelname)s %(message)s"
+    )
+    cfg = config_mod.load(args.config)
+    ident = config_mod.Identity.from_env(cfg)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return train(cfg, ident, ranks, stop)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
