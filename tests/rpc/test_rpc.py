@@ -12,7 +12,9 @@ refuses versions it does not have.
 from __future__ import annotations
 
 import math
+import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -99,6 +101,27 @@ def test_calls_without_the_job_token_are_refused_and_logged(
     assert sum("wrong job token" in m for m in messages) == 2
     assert sum("missing job token" in m for m in messages) == 1
     assert coord.stats().generators == 0  # nothing got through
+
+
+def test_a_generator_started_before_the_coordinator_registers_once_it_listens(
+    coord: coordinator.Coordinator, store: snapshot.SnapshotStore
+) -> None:
+    with socket.socket() as probe:  # a port nobody listens on yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result: list[coordinator.Registration] = []
+    with client.CoordinatorClient(f"127.0.0.1:{port}", TOKEN) as early:
+        waiter = threading.Thread(target=lambda: result.append(early.register("gen-0", ready_timeout_s=30)))
+        waiter.start()
+        time.sleep(1.0)  # the generator is up first, as when trainer rank 0 is still loading the model
+        assert waiter.is_alive() and not result
+        s = server.serve(coord, token=TOKEN, snapshots=store, host="127.0.0.1", port=port)
+        try:
+            waiter.join(timeout=30)
+        finally:
+            s.stop(0)
+    assert result and result[0].samples_per_prompt == G
+    assert coord.stats().generators == 1
 
 
 def test_lease_submit_take_round_trip(cli: client.CoordinatorClient, coord: coordinator.Coordinator) -> None:

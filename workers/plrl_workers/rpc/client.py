@@ -74,9 +74,14 @@ class CoordinatorClient:
         self._md = auth.metadata(token)
         self._timeout_s = timeout_s
 
-    def register(self, generator_id: str) -> coordinator.Registration:
+    def register(self, generator_id: str, ready_timeout_s: float = 600.0) -> coordinator.Registration:
+        """Waits up to `ready_timeout_s` for the coordinator to listen: generator pods (and `plrl run`'s
+        processes) start alongside trainer rank 0, which loads the model before it serves."""
         r = self._stub.Register(
-            pb.RegisterRequest(generator_id=generator_id), metadata=self._md, timeout=self._timeout_s
+            pb.RegisterRequest(generator_id=generator_id),
+            metadata=self._md,
+            timeout=ready_timeout_s,
+            wait_for_ready=True,
         )
         return coordinator.Registration(r.weight_version, r.samples_per_prompt, r.lease_timeout_s, r.session)
 
