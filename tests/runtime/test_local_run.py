@@ -71,6 +71,26 @@ def test_pipeline_run_updates_weights_in_flight_and_accounts_for_every_prompt(
     assert processes_using(run_dir) == []
 
 
+def test_batches_entirely_older_than_max_lag_are_skipped_and_reported(
+    tmp_path: pathlib.Path, run_dir: pathlib.Path
+) -> None:
+    # maxLag 0: whatever was generated before the last update is dropped, so whole batches go.
+    job = write_job(tmp_path / "job.yaml", pipeline={"maxLag": 0})
+    r = plrl("run", str(job), "--run-dir", str(run_dir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((run_dir / report.SUMMARY_FILE).read_text())
+    assert summary["steps"] == 8
+    a = _accounting(run_dir)
+    assert a["dropped_by_lag"] > 0 and a["trained"] >= 8  # every step trained at least one prompt
+    outstanding = a["leased"] + a["requeued"] + a["buffered"] + a["in_training"]
+    assert a["issued"] == a["trained"] + a["dropped_by_lag"] + outstanding
+    if outstanding:
+        assert f"note: {outstanding} issued prompts were not trained" in r.stdout
+    trainer_log = (run_dir / "logs" / "trainer-0.log").read_text()
+    assert "dropped by the lag policy (maxLag 0); no step" in trainer_log
+    assert processes_using(run_dir) == []
+
+
 def test_conventional_run_alternates_with_no_lag(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
     job = write_job(tmp_path / "job.yaml", pipeline={"mode": "conventional"}, training={"totalSteps": 3})
     r = plrl("run", str(job), "--run-dir", str(run_dir))

@@ -66,3 +66,14 @@ def test_load_job_names_the_file(tmp_path: pathlib.Path) -> None:
         spec.JobFileError, match=r"job.yaml: invalid PipelineRLJob:\nmetadata.name: .*DNS label"
     ):
         spec.load_job(p)
+
+
+_ROOT = pathlib.Path(__file__).parents[2]
+SHIPPED_JOBS = sorted([*(_ROOT / "examples").glob("*.yaml"), *(_ROOT / "bench" / "jobs").glob("*.yaml")])
+
+
+@pytest.mark.parametrize("path", SHIPPED_JOBS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_shipped_job_file_is_a_valid_job(path: pathlib.Path) -> None:
+    job = spec.load_job(path)
+    assert job.metadata.name
+    assert len(SHIPPED_JOBS) >= 4  # examples/job.yaml, local-tiny.yaml and the bench jobs are found

@@ -43,7 +43,9 @@ from plrl_workers.weight_sync import groups
 
 log = logging.getLogger("plrl.generator")
 
-# Groups waiting for the coordinator before this generator stops leasing more prompts.
+# Groups waiting for the coordinator before this generator stops leasing more prompts. Each waiting
+# group is trained later, so the limit is also capped at half an optimizer batch (see `build`):
+# with B = 2 groups, 8 waiting groups were 4 batches of extra lag, enough to exceed maxLag.
 MAX_UNACKED_GROUPS = 8
 
 
@@ -66,6 +68,7 @@ class Generator:
         params: types.SamplingParams,
         samples_per_prompt: int,
         worker_metrics: metrics.WorkerMetrics | None = None,
+        max_unacked_groups: int = MAX_UNACKED_GROUPS,
     ) -> None:
         self.generator_id = generator_id
         self.engine = engine
@@ -75,6 +78,7 @@ class Generator:
         self.params = params
         self.g = samples_per_prompt
         self.metrics = worker_metrics
+        self.max_unacked_groups = max_unacked_groups
         self._events: queue.SimpleQueue[coordinator_control.ControlEvent | None] = queue.SimpleQueue()
         self._groups: dict[str, _Group] = {}
         self._unacked = 0
@@ -157,7 +161,7 @@ class Generator:
         free_prompts = (capacity - self.engine.num_in_flight()) // self.g
         with self._unacked_lock:
             backlog = self._unacked
-        if free_prompts <= 0 or backlog >= MAX_UNACKED_GROUPS or self._source_finished:
+        if free_prompts <= 0 or backlog >= self.max_unacked_groups or self._source_finished:
             return 0
         idle = self.engine.num_in_flight() == 0
         batch = self.coord.lease_prompts(self.generator_id, free_prompts, wait_s=0.5 if idle else 0.0)
@@ -334,6 +338,9 @@ def build(
         params=params,
         samples_per_prompt=spec.generation.samples_per_prompt,
         worker_metrics=worker_metrics,
+        max_unacked_groups=max(
+            1, min(MAX_UNACKED_GROUPS, spec.training.batch_size // spec.generation.samples_per_prompt // 2)
+        ),
     )
     return gen, capacity
 

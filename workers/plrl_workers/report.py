@@ -86,6 +86,7 @@ def summary_text(summary: dict[str, Any]) -> str:
             f"throughput: generated {summary['generated_tokens_per_s']:.0f} tok/s, "
             f"trained {summary['trained_tokens_per_s']:.0f} tok/s",
             "prompts: " + ", ".join(f"{k} {v}" for k, v in p.items()),
+            *_untrained_note(p),
             *(
                 [f"peak memory of the run's processes: {summary['peak_rss_mb']} MB"]
                 if "peak_rss_mb" in summary
@@ -93,6 +94,18 @@ def summary_text(summary: dict[str, Any]) -> str:
             ),
         ]
     )
+
+
+def _untrained_note(prompts: dict[str, int]) -> list[str]:
+    """Prompts still out when training ended: say so, since they were issued but never trained."""
+    out = {k: prompts.get(k, 0) for k in ("leased", "requeued", "buffered", "in_training")}
+    if not any(out.values()):
+        return []
+    where = ", ".join(f"{k} {v}" for k, v in out.items() if v)
+    return [
+        f"note: {sum(out.values())} issued prompts were not trained ({where}): they replaced prompts "
+        "the lag policy dropped and were still in flight when training reached totalSteps"
+    ]
 
 
 def plot(rows: list[dict[str, Any]], out: pathlib.Path, title: str = "") -> pathlib.Path:

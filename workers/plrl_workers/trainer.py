@@ -247,6 +247,7 @@ class TrainLoop:
         if self.hub is not None:
             self.hub.coord.finish_step(self.engine.version)
         self.rl_cfg = rl_step.RLConfig.from_spec(spec)
+        self.skipped_batches = 0
         self.closing = False
         # One Lease per pod, so only its first rank renews it (a no-op outside a cluster).
         self.heartbeat = heartbeat.start(cfg, self.heartbeat_report) if ranks.local_rank == 0 else None
@@ -283,6 +284,20 @@ class TrainLoop:
             return False
         version = engine.version
         prepared = rl_step.prepare(groups, version, self.ranks.world_size, self.rl_cfg)
+        if prepared.empty:
+            # Every sample is older than maxLag. An optimizer step on zero gradients would still
+            # move the weights (Adam momentum), so skip it; the prompts count as dropped_by_lag and
+            # the next batch, fresher, is taken at the same weight version.
+            self.skipped_batches += 1
+            log.warning(
+                "step %d: all %d prompts of the batch dropped by the lag policy (maxLag %d); no step",
+                self.step + 1,
+                len(prepared.prompts_dropped),
+                self.rl_cfg.max_lag,
+            )
+            if hub is not None:
+                hub.coord.finish_step(version, dropped=prepared.prompts_dropped)
+            return True
         out = rl_step.train_step(engine, prepared.micro_batches[self.ranks.rank], self.rl_cfg)
         out |= prepared.metrics()
         self.step += 1
@@ -325,8 +340,11 @@ def train(
     sync_every = cfg.spec.pipeline.weight_sync_every_steps
     try:
         loop.publish()  # no members yet: makes the current weights pullable (e.g. after a resume)
-        while not loop.done and loop.train_one():
-            if loop.step % sync_every == 0 or loop.done:
+        while not loop.done:
+            before = loop.step
+            if not loop.train_one():
+                break
+            if loop.step != before and (loop.step % sync_every == 0 or loop.done):
                 loop.publish()
     finally:
         loop.close()
