@@ -105,14 +105,16 @@ def test_conventional_run_alternates_with_no_lag(tmp_path: pathlib.Path, run_dir
 def test_interrupted_run_resumes_from_its_last_checkpoint(
     tmp_path: pathlib.Path, run_dir: pathlib.Path
 ) -> None:
-    job = write_job(tmp_path / "job.yaml", training={"totalSteps": 8, "checkpoint": {"everySteps": 2}})
+    # Long enough that Ctrl-C lands mid-run: the small job trains a step in well under 0.1 s.
+    total = 60
+    job = write_job(tmp_path / "job.yaml", training={"totalSteps": total, "checkpoint": {"everySteps": 2}})
     cmd = [sys.executable, "-m", "plrl_workers.cli", "run", str(job), "--run-dir", str(run_dir)]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while checkpoint.latest(run_dir / "checkpoints") is None:
         assert first.poll() is None, first.communicate()[0]
         assert time.monotonic() < deadline, "no checkpoint within 300 s"
-        time.sleep(0.5)
+        time.sleep(0.1)
     first.send_signal(signal.SIGINT)  # what Ctrl-C does
     out, _ = first.communicate(timeout=120)
     assert first.returncode == 130, out
@@ -121,7 +123,7 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     latest = checkpoint.latest(run_dir / "checkpoints")
     assert latest is not None
     saved = checkpoint.read_meta(latest)
-    assert saved.step < 8
+    assert saved.step < total
     rows_before = len(report.read_metrics(run_dir))
 
     second = plrl("run", str(job), "--run-dir", str(run_dir))
@@ -129,7 +131,7 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     assert "resuming" in second.stdout
     steps = [row["step"] for row in report.read_metrics(run_dir)[rows_before:]]
     # It continues right after the checkpoint (steps done after it are done again).
-    assert steps == list(range(saved.step + 1, 9))
+    assert steps == list(range(saved.step + 1, total + 1))
     a = _accounting(run_dir)
     assert a["issued"] == a["trained"] + a["dropped_by_lag"]
     assert a["leased"] == a["buffered"] == a["in_training"] == 0
