@@ -22,6 +22,7 @@ import datetime
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -276,22 +277,23 @@ def _post_transitions(body: kopf.Body, old: status.JobStatus, new: status.JobSta
         elif old.phase is phases.Phase.SUSPENDED:
             kopf.info(body, reason=events.RESUMED, message="spec.suspend is false: workers scaled back")
         kopf.info(body, reason=events.PHASE_CHANGED, message=f"{old.phase or 'New'} -> {new.phase}")
-    sched_old = next((c for c in old.conditions if c.type == status.SCHEDULED), None)
-    sched_new = next((c for c in new.conditions if c.type == status.SCHEDULED), None)
-    if (
-        sched_new is not None
-        and sched_new.reason == "Unschedulable"
-        and (sched_old is None or sched_old.reason != "Unschedulable")
-    ):
-        kopf.warn(body, reason=events.UNSCHEDULABLE, message=sched_new.message)
-    health_old = next((c for c in old.conditions if c.type == status.HEALTHY), None)
-    health_new = next((c for c in new.conditions if c.type == status.HEALTHY), None)
-    if (
-        health_new is not None
-        and health_new.status == "False"
-        and (health_old is None or health_old.status != "False")
-    ):
-        kopf.warn(body, reason=events.HEARTBEAT_TIMEOUT, message=health_new.message)
+    unschedulable = _entered(old, new, status.SCHEDULED, lambda c: c.reason == "Unschedulable")
+    if unschedulable is not None:
+        kopf.warn(body, reason=events.UNSCHEDULABLE, message=unschedulable.message)
+    unhealthy = _entered(old, new, status.HEALTHY, lambda c: c.status == "False")
+    if unhealthy is not None:
+        kopf.warn(body, reason=events.HEARTBEAT_TIMEOUT, message=unhealthy.message)
+
+
+def _entered(
+    old: status.JobStatus, new: status.JobStatus, kind: str, state: Callable[[status.Condition], bool]
+) -> status.Condition | None:
+    """`new`'s `kind` condition if it entered `state` since `old` (warn once, not every reconcile)."""
+    before = next((c for c in old.conditions if c.type == kind), None)
+    now = next((c for c in new.conditions if c.type == kind), None)
+    if now is not None and state(now) and (before is None or not state(before)):
+        return now
+    return None
 
 
 def _update_phase_gauge() -> None:

@@ -60,6 +60,16 @@ def _condition(kubectl: tools.Tool, ns: str, job: str, ctype: str) -> dict[str, 
     return next((dict(c) for c in conds if c["type"] == ctype), {})
 
 
+def _wait_healthy(kubectl: tools.Tool, ns: str, state: str) -> dict[str, Any]:
+    """Job hb's WorkersHealthy condition once its status is `state`."""
+    cond: dict[str, Any] = eventually(
+        lambda: (c := _condition(kubectl, ns, "hb", "WorkersHealthy")).get("status") == state and c,
+        30,
+        f"WorkersHealthy={state}",
+    )
+    return cond
+
+
 def _worker_kubeconfig(
     core_api: client.ApiClient, control_plane: controlplane.Cluster, ns: str, sa: str, path: pathlib.Path
 ) -> pathlib.Path:
@@ -175,13 +185,7 @@ def test_heartbeats_drive_the_job_status(
         row = kubectl("get", "plrljobs", "-n", namespace).stdout.splitlines()[1].split()
         assert row[4:8] == ["13", "0.75", "0.5", "1000"]
 
-        healthy = eventually(
-            lambda: (
-                (c := _condition(kubectl, namespace, "hb", "WorkersHealthy")).get("status") == "True" and c
-            ),
-            30,
-            "WorkersHealthy=True",
-        )
+        healthy = _wait_healthy(kubectl, namespace, "True")
         assert healthy["message"] == "3 workers renewed their Lease within 3s"
 
         lease = _get(kubectl, "lease", "hb-hb-gen-1", "-n", namespace, "--show-managed-fields")
@@ -206,13 +210,7 @@ def test_heartbeats_drive_the_job_status(
         silent = beats[2]
         assert silent is not None
         silent.stop(final=False)
-        stale = eventually(
-            lambda: (
-                (c := _condition(kubectl, namespace, "hb", "WorkersHealthy")).get("status") == "False" and c
-            ),
-            30,
-            "WorkersHealthy=False",
-        )
+        stale = _wait_healthy(kubectl, namespace, "False")
         assert stale["reason"] == "HeartbeatTimeout"
         assert stale["message"].startswith(
             "1/3 workers silent for more than spec.heartbeat.timeoutSeconds=3: hb-gen-1 (last renewed "

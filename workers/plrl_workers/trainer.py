@@ -247,7 +247,6 @@ class TrainLoop:
         if self.hub is not None:
             self.hub.coord.finish_step(self.engine.version)
         self.rl_cfg = rl_step.RLConfig.from_spec(spec)
-        self.skipped_batches = 0
         self.closing = False
         # One Lease per pod, so only its first rank renews it (a no-op outside a cluster).
         self.heartbeat = heartbeat.start(cfg, self.heartbeat_report) if ranks.local_rank == 0 else None
@@ -288,7 +287,6 @@ class TrainLoop:
             # Every sample is older than maxLag. An optimizer step on zero gradients would still
             # move the weights (Adam momentum), so skip it; the prompts count as dropped_by_lag and
             # the next batch, fresher, is taken at the same weight version.
-            self.skipped_batches += 1
             log.warning(
                 "step %d: all %d prompts of the batch dropped by the lag policy (maxLag %d); no step",
                 self.step + 1,

@@ -42,10 +42,7 @@ def import_gguf(gguf_file: pathlib.Path, out_dir: pathlib.Path) -> pathlib.Path:
         raise GGUFImportError(f"{gguf_file}: not a GGUF model transformers can read: {err}") from None
     # The weights are already dequantized to float32; only the marker of their origin blocks saving.
     model.hf_quantizer = None
-    model.config.quantization_config = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.is_quantized = False
+    vars(model.config).pop("quantization_config", None)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -13,6 +13,7 @@ out as the `eval` split (`base.is_held_out`). Neighbours: `tasks/base.py`, `task
 from __future__ import annotations
 
 import dataclasses
+import random
 
 from plrl_workers.tasks import base
 
@@ -32,8 +33,8 @@ class ArithTask:
         return "builtin:digit_match"
 
     def item(self, seed: int, prompt_id: int, split: base.Split = "train") -> base.Item:
-        rng = base.item_rng(self.name, seed, split, prompt_id)
-        while True:
-            a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
-            if base.is_held_out(f"{a}+{b}") == (split == "eval"):
-                return base.Item(prompt_id=prompt_id, text=f"{a}+{b}=", answer=str(a + b))
+        return base.draw_item(self.name, seed, split, prompt_id, self._draw)
+
+    def _draw(self, rng: random.Random) -> tuple[str, str, str]:
+        a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
+        return f"{a}+{b}", f"{a}+{b}=", str(a + b)

@@ -17,7 +17,7 @@ import importlib
 import itertools
 import pathlib
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from plrl_operator import spec
@@ -82,6 +82,22 @@ def item_rng(task_name: str, seed: int, split: Split, prompt_id: int) -> random.
         raise ValueError(f"prompt_id must be >= 0, got {prompt_id}")
     # A str seed is hashed with SHA-512 by `random`, so this is stable across processes and runs.
     return random.Random(f"{task_name}:{seed}:{split}:{prompt_id}")
+
+
+def draw_item(
+    task_name: str,
+    seed: int,
+    split: Split,
+    prompt_id: int,
+    draw: Callable[[random.Random], tuple[str, str, str]],
+) -> Item:
+    """A builtin item of `split`: `draw(rng)` -> (problem key, prompt text, answer), redrawn until
+    the problem belongs to the split (`is_held_out`), so train and eval never share a problem."""
+    rng = item_rng(task_name, seed, split, prompt_id)
+    while True:
+        problem, text, answer = draw(rng)
+        if is_held_out(problem) == (split == "eval"):
+            return Item(prompt_id=prompt_id, text=text, answer=answer)
 
 
 def builtin(name: str) -> Task:

@@ -14,6 +14,7 @@ out as the `eval` split (`base.is_held_out`). Neighbours: `tasks/base.py`, `task
 from __future__ import annotations
 
 import dataclasses
+import random
 
 from plrl_workers.tasks import base
 
@@ -34,9 +35,8 @@ class ReverseTask:
         return "builtin:digit_match"
 
     def item(self, seed: int, prompt_id: int, split: base.Split = "train") -> base.Item:
-        rng = base.item_rng(self.name, seed, split, prompt_id)
-        while True:
-            n = rng.randint(self.min_len, self.max_len)
-            digits = "".join(rng.choice("0123456789") for _ in range(n))
-            if base.is_held_out(f"rev:{digits}") == (split == "eval"):
-                return base.Item(prompt_id=prompt_id, text=f"rev {digits}=", answer=digits[::-1])
+        return base.draw_item(self.name, seed, split, prompt_id, self._draw)
+
+    def _draw(self, rng: random.Random) -> tuple[str, str, str]:
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(self.min_len, self.max_len)))
+        return f"rev:{digits}", f"rev {digits}=", digits[::-1]
