@@ -34,17 +34,17 @@ lint: venv
 	$(VENV)/bin/lint-imports
 
 typecheck: venv
-	$(VENV)/bin/mypy operator/plrl_operator workers/plrl_workers tests bench
+	$(VENV)/bin/mypy operator/plrl_api operator/plrl_operator workers/plrl_workers tests bench
 
 unit: venv
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -m "not cluster and not slow"
 
 ## crds: regenerate the committed CRD from the pydantic models (crds/ and the chart's crds/)
 crds: venv
 	$(VENV)/bin/plrl crd --write crds --write helm/pipelinerl-operator/crds
 
 crds-check: venv
-	$(PY) -m pytest -q tests/unit/test_crd.py
+	$(PY) -m pytest -q tests/operator/test_crd.py
 
 ## proto: regenerate workers/plrl_workers/rpc/generated/ from rpc/plrl.proto (tests fail on drift)
 proto: venv

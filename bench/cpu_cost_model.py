@@ -22,16 +22,17 @@ import time
 import torch
 import transformers
 
-from plrl_workers import types
-from plrl_workers.engines import base
+from plrl_workers.engines import base, factory
 from plrl_workers.models import tiny
 
 PROMPT_TOKENS, NEW_TOKENS, G = 11, 10, 8
 
 
 def gen_seconds_per_sample(model_dir: str, batch: int, samples: int, eos: int) -> float:
-    engine = base.create("torch", base.EngineOptions(model_dir, batch, 32, device="cpu", seed=0))
-    params = types.SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0, stop_token_ids=(eos,))
+    engine = factory.generation_engine(
+        "torch", base.EngineOptions(model_dir, batch, 32, device="cpu", seed=0)
+    )
+    params = base.SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0, stop_token_ids=(eos,))
     prompt = list(range(3, 3 + PROMPT_TOKENS))
     best = float("inf")
     for _ in range(3):

@@ -24,12 +24,13 @@ from typing import Any
 
 import yaml
 
-from plrl_workers import report
+from plrl_api import records
+from plrl_operator.local import report
 
 
 def run_mode(
     job_doc: dict[str, Any], mode: str, steps: int | None, workdir: pathlib.Path
-) -> list[dict[str, Any]]:
+) -> list[records.StepRecord]:
     doc = yaml.safe_load(yaml.safe_dump(job_doc))
     doc["metadata"]["name"] = f"{doc['metadata']['name']}-{mode}"
     doc["spec"].setdefault("pipeline", {})["mode"] = mode
@@ -39,16 +40,20 @@ def run_mode(
     job.write_text(yaml.safe_dump(doc))
     run_dir = workdir / f"run-{mode}"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    cmd = [sys.executable, "-m", "plrl_workers.cli", "run", str(job), "--run-dir", str(run_dir), "--quiet"]
+    cmd = [sys.executable, "-m", "plrl_operator.cli", "run", str(job), "--run-dir", str(run_dir), "--quiet"]
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-    return report.read_metrics(run_dir)
+    return report.read_records(run_dir)
 
 
-def smoothed(rows: list[dict[str, Any]], window: int) -> list[tuple[float, float]]:
+def _reward(r: records.StepRecord) -> float:
+    return math.nan if r.reward_mean is None else r.reward_mean
+
+
+def smoothed(rows: list[records.StepRecord], window: int) -> list[tuple[float, float]]:
     out = []
     for i in range(len(rows)):
-        chunk = [r["reward_mean"] for r in rows[max(0, i - window + 1) : i + 1]]
-        out.append((rows[i]["elapsed_s"], statistics.fmean(chunk)))
+        chunk = [_reward(r) for r in rows[max(0, i - window + 1) : i + 1]]
+        out.append((rows[i].elapsed_s, statistics.fmean(chunk)))
     return out
 
 
@@ -65,7 +70,7 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=5, help="moving-average window for the reward, in steps")
     args = ap.parse_args()
     job_doc = yaml.safe_load(args.job.read_text())
-    results: dict[str, list[list[dict[str, Any]]]] = {"pipeline": [], "conventional": []}
+    results: dict[str, list[list[records.StepRecord]]] = {"pipeline": [], "conventional": []}
     with tempfile.TemporaryDirectory(prefix="plrl-bench-") as tmp:
         for rep in range(args.repeats):
             for mode in ("pipeline", "conventional"):
@@ -74,12 +79,12 @@ def main() -> int:
                 results[mode].append(run_mode(job_doc, mode, args.steps, wd))
     finals = {
         m: statistics.fmean(
-            statistics.fmean(r["reward_mean"] for r in rows[-max(1, len(rows) // 10) :]) for rows in runs
+            statistics.fmean(_reward(r) for r in rows[-max(1, len(rows) // 10) :]) for rows in runs
         )
         for m, runs in results.items()
     }
     starts = [
-        statistics.fmean(r["reward_mean"] for r in rows[: max(1, len(rows) // 10)])
+        statistics.fmean(_reward(r) for r in rows[: max(1, len(rows) // 10)])
         for runs in results.values()
         for rows in runs
     ]
@@ -91,11 +96,11 @@ def main() -> int:
     )
     summary: dict[str, dict[str, float]] = {}
     for mode, runs in results.items():
-        walls = [rows[-1]["elapsed_s"] for rows in runs]
-        trained = [rows[-1]["trained_tokens_per_s"] for rows in runs]
-        generated = [rows[-1]["generated_tokens_per_s"] for rows in runs]
+        walls = [rows[-1].elapsed_s for rows in runs]
+        trained = [rows[-1].trained_tokens_per_s for rows in runs]
+        generated = [rows[-1].generated_tokens_per_s for rows in runs]
         reach = [time_to(smoothed(rows, args.window), target) for rows in runs]
-        lag = [statistics.fmean(r["lag_mean"] for r in rows) for rows in runs]
+        lag = [statistics.fmean(r.lag_mean for r in rows) for rows in runs]
         summary[mode] = {
             "wall": statistics.median(walls),
             "trained": statistics.median(trained),

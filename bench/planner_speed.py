@@ -13,7 +13,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from plrl_operator.policy import autoscaler, planner, simulator, utilisation
+from plrl_api import utilisation
+from plrl_operator.policy import autoscaler, planner, simulator
 
 
 def timed(fn: Callable[[], object], repeats: int = 1) -> tuple[float, float]:
@@ -50,7 +51,7 @@ def main() -> None:
         timed(functools.partial(planner.plan, w, curve), 5),
         1,
     )
-    cmd = [sys.executable, "-m", "plrl_workers.cli", "plan", "-N", "1024", "-B", "1024"]
+    cmd = [sys.executable, "-m", "plrl_operator.cli", "plan", "-N", "1024", "-B", "1024"]
     run = functools.partial(subprocess.run, cmd, check=True, capture_output=True)
     row("`plrl plan -N 1024 -B 1024` (new process, imports included)", timed(run, 3), 1)
 

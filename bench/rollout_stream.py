@@ -4,13 +4,13 @@ The coordinator (with its token check, validation and bounded buffer, drained by
 thread) runs in its own process, as in production; this process plays the generator: it leases
 prompts and streams one RolloutGroup per lease on one SubmitRollouts stream. Two rows:
 
-  typed client   - `CoordinatorClient.submit_rollouts` on `types.RolloutGroup`s (encoding included)
+  typed client   - `CoordinatorClient.submit_rollouts` on `protocol.RolloutGroup`s (encoding included)
   pre-encoded    - the same groups encoded beforehand: the transport + server side alone
 
 MB/s counts serialized message bytes; each row is the best of `--repeats` runs (the machine is
 shared, so the best run is the least disturbed one; the median is printed beside it). A last
 section splits the per-group CPU time in one process: the client's encoding, the server's parse
-and decode (zero-copy numpy views into `types.Sample`) and the coordinator's per-token checks.
+and decode (zero-copy numpy views into `protocol.Sample`) and the coordinator's per-token checks.
 Goal (issue 2): >= 100 MB/s.
 
     .venv/bin/python bench/rollout_stream.py [--groups 400] [--samples 8] [--tokens 1024]
@@ -31,24 +31,24 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from plrl_workers import types
+    from plrl_workers import protocol
 
 TOKEN = "bench-token"
 
 
-def _prompts() -> Iterator[types.Prompt]:
-    from plrl_workers import types
+def _prompts() -> Iterator[protocol.Prompt]:
+    from plrl_workers import protocol
 
     i = 0
     while True:
-        yield types.Prompt(prompt_id=i, text="q", answer="a", token_ids=tuple(range(128)))
+        yield protocol.Prompt(prompt_id=i, text="q", answer="a", token_ids=tuple(range(128)))
         i += 1
 
 
 def _serve(
     port_q: multiprocessing.queues.Queue[int], stop: multiprocessing.synchronize.Event, samples: int
 ) -> None:
-    from plrl_workers import coordinator
+    from plrl_workers.coordinator import core as coordinator
     from plrl_workers.rpc import server
 
     coord = coordinator.Coordinator(
@@ -80,7 +80,7 @@ def main() -> None:
 
     import numpy
 
-    from plrl_workers import coordinator, types
+    from plrl_workers import protocol
     from plrl_workers.rpc import auth, client, convert
     from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
 
@@ -92,17 +92,17 @@ def main() -> None:
     port = port_q.get(timeout=300)
     rng = numpy.random.default_rng(0)
 
-    def groups_for(leases: list[coordinator.Lease], newest: int = 1) -> list[types.RolloutGroup]:
+    def groups_for(leases: list[protocol.Lease], newest: int = 1) -> list[protocol.RolloutGroup]:
         n = args.tokens
         out = []
         for lease in leases:
             out.append(
-                types.RolloutGroup(
+                protocol.RolloutGroup(
                     lease_id=lease.lease_id,
                     prompt_id=lease.prompt.prompt_id,
                     prompt_token_ids=list(lease.prompt.token_ids),
                     samples=[
-                        types.Sample(
+                        protocol.Sample(
                             token_ids=rng.integers(0, 150_000, n, dtype=numpy.int32),
                             logprobs=-rng.random(n, dtype=numpy.float32),
                             versions=[0] * (n // 2) + [newest] * (n - n // 2),  # updated mid-sample
@@ -125,7 +125,7 @@ def main() -> None:
         for mode in ("typed client", "pre-encoded"):
             results = []
             for _ in range(args.repeats):
-                leases: list[coordinator.Lease] = []
+                leases: list[protocol.Lease] = []
                 while len(leases) < args.groups:
                     leases += c.lease_prompts("bench-gen", min(1024, args.groups - len(leases))).leases
                 groups = groups_for(leases)
@@ -162,18 +162,19 @@ def _server_split(samples: int, tokens: int) -> None:
     """Per-group CPU of encoding, decoding and checking, in this process, split by stage."""
     import numpy
 
-    from plrl_workers import coordinator_checks, types
+    from plrl_workers import protocol
+    from plrl_workers.coordinator import checks
     from plrl_workers.rpc import convert
     from plrl_workers.rpc.generated import plrl_pb2 as pb
 
     rng = numpy.random.default_rng(1)
-    prompt = types.Prompt(0, "q", "a", tuple(range(128)))
-    group = types.RolloutGroup(
+    prompt = protocol.Prompt(0, "q", "a", tuple(range(128)))
+    group = protocol.RolloutGroup(
         "lease",
         prompt.prompt_id,
         list(prompt.token_ids),
         [
-            types.Sample(
+            protocol.Sample(
                 rng.integers(0, 150_000, tokens, dtype=numpy.int32),
                 -rng.random(tokens, dtype=numpy.float32),
                 [0] * tokens,
@@ -203,11 +204,7 @@ def _server_split(samples: int, tokens: int) -> None:
         ),
         (
             "coordinator: per-token checks",
-            timed(
-                lambda: coordinator_checks.check_group(
-                    decoded, prompt, samples_per_prompt=samples, current_version=1
-                )
-            ),
+            timed(lambda: checks.check_group(decoded, prompt, samples_per_prompt=samples, current_version=1)),
         ),
     ]
     print(f"per-group CPU, one process, best of 50 ({len(wire) / 1e3:.0f} KB per group):")

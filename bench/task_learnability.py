@@ -35,7 +35,7 @@ import torch
 import transformers
 
 from plrl_workers.models import tiny
-from plrl_workers.tasks import base, evaluate, rewards, warm_start
+from plrl_workers.tasks import base, evaluate, registry, rewards, warm_start
 
 
 @dataclasses.dataclass
@@ -140,7 +140,7 @@ def run_seed(a: Args, seed: int) -> dict[str, object]:
         num_key_value_heads=a.hidden // 64,
         intermediate_size=4 * a.hidden,
     )
-    task = base.builtin(a.task)
+    task = registry.builtin(a.task)
     reward_fn = rewards.load(a.reward)
     t0 = time.perf_counter()
     init_dir = tiny.build(cache / f"tiny-h{a.hidden}-l{a.layers}-s{seed}", cfg, seed=seed)

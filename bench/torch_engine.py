@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from plrl_workers import types
-from plrl_workers.engines import base
+from plrl_workers.engines import base, factory
 from plrl_workers.models import tiny
 
 if TYPE_CHECKING:
@@ -63,7 +62,7 @@ def run_generate(
 
 def run_engine(engine: base.GenerationEngine, reqs: list[tuple[list[int], int]], eos: int) -> int:
     for i, (p, n) in enumerate(reqs):
-        engine.add_request(str(i), p, types.SamplingParams(max_new_tokens=n, temperature=1.0))
+        engine.add_request(str(i), p, base.SamplingParams(max_new_tokens=n, temperature=1.0))
     total = 0
     while engine.num_in_flight():
         total += sum(useful(s.token_ids, len(s.token_ids), eos) for s in engine.step())
@@ -114,7 +113,7 @@ def main() -> None:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         model = model.to(args.device).eval()
         max_len = 32 + args.max_new
-        engine = base.create(
+        engine = factory.generation_engine(
             "torch",
             base.EngineOptions(str(model_dir), args.batch, max_len, device=args.device, seed=args.seed),
         )

@@ -22,7 +22,8 @@ import sys
 import tempfile
 import time
 
-from plrl_workers import types
+from plrl_workers import protocol
+from plrl_workers.engines import factory
 
 CONFIGS = [
     ("torch", 1, 1),
@@ -34,7 +35,7 @@ CONFIGS = [
 ]
 
 
-def _groups(step: int, version: int, n_groups: int, g: int, max_new: int) -> list[types.RolloutGroup]:
+def _groups(step: int, version: int, n_groups: int, g: int, max_new: int) -> list[protocol.RolloutGroup]:
     rng = random.Random(step)
     out = []
     for k in range(n_groups):
@@ -43,7 +44,7 @@ def _groups(step: int, version: int, n_groups: int, g: int, max_new: int) -> lis
         for _ in range(g):
             n = rng.randint(max_new // 4, max_new)
             samples.append(
-                types.Sample(
+                protocol.Sample(
                     [rng.randrange(4, 80) for _ in range(n)],
                     [-rng.uniform(0.2, 4.0) for _ in range(n)],
                     [version] * n,
@@ -51,7 +52,7 @@ def _groups(step: int, version: int, n_groups: int, g: int, max_new: int) -> lis
                     "stop",
                 )
             )
-        out.append(types.RolloutGroup(f"l{step}-{k}", step * 1000 + k, prompt, samples, "gen"))
+        out.append(protocol.RolloutGroup(f"l{step}-{k}", step * 1000 + k, prompt, samples, "gen"))
     return out
 
 
@@ -63,7 +64,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from plrl_workers.rl import step
 
     t0 = time.perf_counter()
-    training.init_distributed()
+    training.init_distributed(training.Rendezvous("127.0.0.1", args.port, args.rank, args.world_size))
     cfg = training.TrainEngineConfig(
         model_path=str(tiny.build(args.model_dir)),
         backend=args.backend,
@@ -71,7 +72,7 @@ def rank_main(args: argparse.Namespace) -> None:
         learning_rate=1e-5,
         gradient_clipping=1.0,
     )
-    engine = training.create(cfg)
+    engine = factory.training_engine(cfg)
     init_s = time.perf_counter() - t0
     rl = step.RLConfig(tokens_per_micro_batch=args.tokens_per_micro_batch)
     tokens, elapsed = 0.0, 0.0
@@ -98,10 +99,11 @@ def launch(args: argparse.Namespace, backend: str, stage: int, ranks: int) -> di
         port = s.getsockname()[1]
     procs = []
     for r in range(ranks):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), LOCAL_RANK=str(r))
-        env |= {"WORLD_SIZE": str(ranks), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(args.threads)}
-        env["PYTHONWARNINGS"] = "ignore"
+        env = dict(
+            os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore"
+        )
         cmd = [sys.executable, __file__, "--rank-worker", "--backend", backend, "--stage", str(stage)]
+        cmd += ["--port", str(port), "--rank", str(r), "--world-size", str(ranks)]
         cmd += ["--model-dir", args.model_dir, "--steps", str(args.steps), "--groups", str(args.groups)]
         cmd += ["--g", str(args.g), "--max-new", str(args.max_new)]
         cmd += ["--tokens-per-micro-batch", str(args.tokens_per_micro_batch)]
@@ -119,6 +121,9 @@ def launch(args: argparse.Namespace, backend: str, stage: int, ranks: int) -> di
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--world-size", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="torch")
     ap.add_argument("--stage", type=int, default=1)
     ap.add_argument("--model-dir", default=str(pathlib.Path(tempfile.gettempdir()) / "plrl-bench-tiny"))

@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# The worker image: one image for every role (`python -m plrl_workers.generator|trainer`), with
-# CUDA, vLLM and DeepSpeed. The operator sets the command; the default just prints the verbs.
+# The worker image: one image for every role (`plrl-worker --role generator|trainer`), with
+# CUDA, vLLM and DeepSpeed. The operator's pods run `plrl-worker --role <role> --config ...`.
 #   docker build -f dockerfiles/worker.Dockerfile -t ghcr.io/pipelinerl/plrl-worker:0.1.0 .
 FROM nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04 AS build
 ARG DEBIAN_FRONTEND=noninteractive
@@ -40,5 +40,5 @@ RUN groupadd --gid 1000 plrl \
 USER 1000:1000
 WORKDIR /home/plrl
 EXPOSE 50051 29500 29600 9400
-ENTRYPOINT ["python", "-m"]
-CMD ["plrl_workers.cli", "--help"]
+ENTRYPOINT ["plrl-worker"]
+CMD ["--help"]

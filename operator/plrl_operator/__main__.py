@@ -45,9 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         liveness_port=a.liveness_port,
         status_interval=a.status_interval,
     )
-    # The timer's interval is read when handlers is imported; make the flag visible to it.
-    os.environ["PLRL_STATUS_INTERVAL"] = str(config.status_interval)
-    from plrl_operator import handlers
+    from plrl_operator import handlers  # imports kopf: only now that the flags are known good
 
     handlers.run(config)
     return 0

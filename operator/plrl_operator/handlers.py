@@ -4,14 +4,19 @@
 
 - create / update (spec) / resume: `_reconcile` renders the desired children, lists the live ones
   (`k8s.Client.children`) and writes only those whose content hash differs, then refreshes status.
-- a timer per job: recomputes status from in-memory indexes of the job's StatefulSets, pods and
-  worker Leases (fed by watches, so a quiet job costs no API request), writes it only on change,
-  and re-runs the reconcile if a child went missing or drifted from the desired hash.
+- a timer per job: observe -> decide -> act. It reads the job's StatefulSets, pods and worker
+  Leases from in-memory indexes (fed by watches, so a quiet job costs no API request), asks
+  `policy.decide` what to do about them (count a restart, fail or finish the job), writes status
+  (which records the decisions) only on change, posts an Event per decision, and re-runs the
+  reconcile if a child went missing, drifted from the desired hash, or the job just ended (its
+  StatefulSets scale to zero).
 - deletion: nothing to do; every child has the job as controller owner, so the garbage collector
   removes them (the timer's finalizer is kopf's own, removed by kopf on delete).
 
 kopf's own bookkeeping goes into `pipelinerl.io/*` annotations (not status), so the status
-schema stays strict. Neighbours: `render`, `status`, `k8s`, `events`, `metrics`, `settings`.
+schema stays strict. Handlers are bound to a registry by `register(registry, config)` (called by
+`run`), so nothing is read from the environment at import time.
+Neighbours: `render`, `status`, `policy.decide`, `k8s`, `events`, `metrics`, `settings`.
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ from typing import Any
 
 import kopf
 
+from plrl_api import names
+from plrl_api import spec as spec_mod
 from plrl_operator import events, k8s, metrics, phases, render, settings, status
-from plrl_operator import spec as spec_mod
-from plrl_operator.render import common
+from plrl_operator.policy import decide
 
 LOG = logging.getLogger("plrl_operator")
-CONFIG = settings.from_env()
 GROUP, VERSION, PLURAL = spec_mod.API_GROUP, spec_mod.API_VERSION, spec_mod.PLURAL
+_CONFIG = settings.OperatorConfig()  # replaced by `register`
 _CLIENT: k8s.Client | None = None
 _PHASES: dict[tuple[str, str], str] = {}  # (namespace, name) -> phase, for the jobs-by-phase gauge
 
@@ -41,14 +47,13 @@ _PHASES: dict[tuple[str, str], str] = {}  # (namespace, name) -> phase, for the 
 def client() -> k8s.Client:
     global _CLIENT
     if _CLIENT is None:
-        _CLIENT = k8s.Client.from_environment(CONFIG.field_manager)
+        _CLIENT = k8s.Client.from_environment(_CONFIG.field_manager)
     return _CLIENT
 
 
 # --------------------------------------------------------------------------- startup
 
 
-@kopf.on.startup()
 def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -58,12 +63,12 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.INFO  # our explicit events only (posting.loggers stays off)
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    if CONFIG.peering is not None:
-        settings.peering.name = CONFIG.peering
+    if _CONFIG.peering is not None:
+        settings.peering.name = _CONFIG.peering
         settings.peering.mandatory = True
-        settings.peering.clusterwide = CONFIG.clusterwide
-    if CONFIG.metrics_port:
-        metrics.serve(CONFIG.metrics_port)
+        settings.peering.clusterwide = _CONFIG.clusterwide
+    if _CONFIG.metrics_port:
+        metrics.serve(_CONFIG.metrics_port)
     client()  # fail at startup, not in the first handler, if there are no credentials
 
 
@@ -71,13 +76,9 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 def _key(namespace: str | None, labels: kopf.Labels) -> tuple[str, str]:
-    return (namespace or "", labels[common.LABEL_JOB])
+    return (namespace or "", labels[names.LABEL_JOB])
 
 
-_CHILD_LABELS = {common.LABEL_JOB: kopf.PRESENT}
-
-
-@kopf.index("apps", "v1", "statefulsets", labels=_CHILD_LABELS)
 def job_statefulsets(
     namespace: str | None,
     labels: kopf.Labels,
@@ -100,7 +101,6 @@ def job_statefulsets(
     }
 
 
-@kopf.index("", "v1", "pods", labels=_CHILD_LABELS)
 def job_pods(
     namespace: str | None,
     labels: kopf.Labels,
@@ -113,17 +113,21 @@ def job_pods(
         _key(namespace, labels): {
             "metadata": {
                 "name": meta.get("name"),
+                "uid": meta.get("uid"),
                 "labels": dict(labels),
                 "creationTimestamp": meta.get("creationTimestamp"),
                 "deletionTimestamp": meta.get("deletionTimestamp"),
             },
             "spec": {"nodeName": spec.get("nodeName")},
-            "status": {"phase": status.get("phase"), "conditions": copy.deepcopy(status.get("conditions"))},
+            "status": {
+                "phase": status.get("phase"),
+                "conditions": copy.deepcopy(status.get("conditions")),
+                "containerStatuses": copy.deepcopy(status.get("containerStatuses")),
+            },
         }
     }
 
 
-@kopf.index("coordination.k8s.io", "v1", "leases", labels=_CHILD_LABELS)
 def job_leases(
     namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, spec: kopf.Spec, **_: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
@@ -143,7 +147,7 @@ def _children(body: kopf.Body, indexes: dict[str, Any]) -> status.Children:
         store = indexes[index]
         return list(store[key]) if key in store else []
 
-    sts = {str(s["metadata"]["labels"].get(common.LABEL_ROLE)): s for s in values("job_statefulsets")}
+    sts = {str(s["metadata"]["labels"].get(names.LABEL_ROLE)): s for s in values("job_statefulsets")}
     return status.Children(statefulsets=sts, pods=values("job_pods"), leases=values("job_leases"))
 
 
@@ -167,13 +171,13 @@ def _parse(body: kopf.Body) -> spec_mod.PipelineRLJob:
         raise kopf.PermanentError(f"invalid spec: {err}") from None
 
 
-def _sync(job: spec_mod.PipelineRLJob, generators: int) -> tuple[list[str], dict[str, str]]:
+def _sync(job: spec_mod.PipelineRLJob, generators: int, stopped: bool) -> tuple[list[str], dict[str, str]]:
     """Blocking: list children, write what differs. Returns the writes and the applied hashes."""
     api = client()
     ns, name = job.metadata.namespace or "default", job.metadata.name
     live = api.children(ns, name)
     token = k8s.secret_token(live, name) or secrets.token_urlsafe(32)
-    desired = render.render(job, generators, token=token)
+    desired = render.render(job, generators, token=token, stopped=stopped)
     written = api.sync(desired, live)
     for w in written:
         metrics.OBJECT_WRITES.labels(kind=w.split("/")[0]).inc()
@@ -182,9 +186,9 @@ def _sync(job: spec_mod.PipelineRLJob, generators: int) -> tuple[list[str], dict
 
 def _hashes(desired: list[dict[str, Any]]) -> dict[str, str]:
     return {
-        f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["annotations"][common.ANNOTATION_HASH]
+        f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["annotations"][names.ANNOTATION_DESIRED_HASH]
         for o in desired
-        if common.ANNOTATION_HASH in o["metadata"].get("annotations", {})
+        if names.ANNOTATION_DESIRED_HASH in o["metadata"].get("annotations", {})
     }
 
 
@@ -210,9 +214,12 @@ async def _reconcile_locked(
     try:
         job = _parse(body)
         previous = status.parse(body.get("status"))
-        generators = status.current_generators(job.spec, previous)
-        if force_sync or _drifted(job, generators, children, memo):
-            written, applied = await asyncio.to_thread(_sync, job, generators)
+        generators = decide.current_generators(job.spec, previous.generators)
+        verdict = decide.decide(job.spec, status.observation(children), status.history(previous))
+        # A job that ended keeps its objects (ConfigMap, checkpoints' PVCs) but no running pods.
+        stopped = verdict.history.outcome is not None
+        if force_sync or _drifted(job, generators, stopped, children, memo):
+            written, applied = await asyncio.to_thread(_sync, job, generators, stopped)
             memo["applied"] = applied
             if written:
                 LOG.info("%s %s/%s: wrote %s", trigger, job.metadata.namespace, job.metadata.name, written)
@@ -221,7 +228,8 @@ async def _reconcile_locked(
                     kopf.info(
                         body, reason=reason, message=f"applied {len(written)} objects: {', '.join(written)}"
                     )
-        await _write_status(body, job, generators, children, previous)
+        await _write_status(body, job, generators, children, previous, verdict.history)
+        _post_decisions(body, verdict.decisions)
     except k8s.ApiError as err:
         metrics.RECONCILE_ERRORS.labels(trigger=trigger, error=f"http{err.status}").inc()
         kopf.warn(body, reason=events.RECONCILE_FAILED, message=str(err))
@@ -236,17 +244,17 @@ async def _reconcile_locked(
 
 
 def _drifted(
-    job: spec_mod.PipelineRLJob, generators: int, children: status.Children, memo: kopf.Memo
+    job: spec_mod.PipelineRLJob, generators: int, stopped: bool, children: status.Children, memo: kopf.Memo
 ) -> bool:
     """A StatefulSet is missing or its hash differs from both the desired and the last applied."""
-    desired = _hashes(render.render(job, generators))
+    desired = _hashes(render.render(job, generators, stopped=stopped))
     applied: dict[str, str] = memo.get("applied", {})
-    names = common.Names(job.metadata.name)
-    for role in common.ROLES:
+    child = names.Names(job.metadata.name)
+    for role in names.ROLES:
         sts = children.statefulsets.get(role)
-        want = desired[f"StatefulSet/{names.role(role)}"]
-        live = None if sts is None else sts["metadata"]["annotations"].get(common.ANNOTATION_HASH)
-        if live != want and applied.get(f"StatefulSet/{names.role(role)}") != want:
+        want = desired[f"StatefulSet/{child.role(role)}"]
+        live = None if sts is None else sts["metadata"]["annotations"].get(names.ANNOTATION_DESIRED_HASH)
+        if live != want and applied.get(f"StatefulSet/{child.role(role)}") != want:
             return True
     return False
 
@@ -257,9 +265,10 @@ async def _write_status(
     generators: int,
     children: status.Children,
     previous: status.JobStatus,
+    decided: decide.History,
 ) -> None:
     now = datetime.datetime.now(datetime.UTC)
-    new = status.compute_status(job, generators, children, previous, now)
+    new = status.compute_status(job, generators, children, previous, now, decided)
     ns, name = job.metadata.namespace or "default", job.metadata.name
     _PHASES[(ns, name)] = str(new.phase)
     _update_phase_gauge()
@@ -285,6 +294,18 @@ def _post_transitions(body: kopf.Body, old: status.JobStatus, new: status.JobSta
         kopf.warn(body, reason=events.HEARTBEAT_TIMEOUT, message=unhealthy.message)
 
 
+def _post_decisions(body: kopf.Body, decisions: tuple[decide.Decision, ...]) -> None:
+    """One Event per decision, after the status that records it was written (so a restarted
+    operator may miss an Event, but never repeats the decision)."""
+    for d in decisions:
+        if isinstance(d, decide.Restart):
+            kopf.warn(body, reason=events.WORKER_RESTARTED, message=d.reason)
+        elif isinstance(d, decide.Fail):
+            kopf.warn(body, reason=events.JOB_FAILED, message=d.reason)
+        elif isinstance(d, decide.Finish):
+            kopf.info(body, reason=events.JOB_SUCCEEDED, message=d.reason)
+
+
 def _entered(
     old: status.JobStatus, new: status.JobStatus, kind: str, state: Callable[[status.Condition], bool]
 ) -> status.Condition | None:
@@ -304,31 +325,60 @@ def _update_phase_gauge() -> None:
         metrics.JOBS_BY_PHASE.labels(phase=phase).set(n)
 
 
-@kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
 async def on_create(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    if body.get("spec", {}).get("pipeline", {}).get("autoscale", {}).get("enabled"):
+        kopf.warn(
+            body,
+            reason=events.AUTOSCALE_NOT_APPLIED,
+            message="spec.pipeline.autoscale.enabled: the operator does not rescale running jobs yet; "
+            "I stays at its initial value",
+        )
     await _reconcile("create", body, memo, _children(body, kwargs))
 
 
-@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", field="spec")
 async def on_update(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     await _reconcile("update", body, memo, _children(body, kwargs))
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
 async def on_resume(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     await _reconcile("resume", body, memo, _children(body, kwargs))
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, id="refresh", interval=CONFIG.status_interval, initial_delay=1.0)
 async def refresh(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     await _reconcile("timer", body, memo, _children(body, kwargs), force_sync=False)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
 def _forget(type: str, body: kopf.Body, **_: Any) -> None:
     if type == "DELETED":
         _PHASES.pop((body.metadata.namespace or "", body.metadata.name or ""), None)
         _update_phase_gauge()
+
+
+def register(registry: kopf.OperatorRegistry, config: settings.OperatorConfig) -> None:
+    """Bind every handler to `registry`; `config` sets the timer interval and kopf's settings."""
+    global _CONFIG
+    _CONFIG = config
+    children = {names.LABEL_JOB: kopf.PRESENT}
+    # A fresh registry has none of kopf's default login handlers: credentials through `kubernetes`
+    # (in-cluster ServiceAccount, else $KUBECONFIG), as the default registry would find them.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+    kopf.on.startup(registry=registry)(_configure)
+    kopf.index("apps", "v1", "statefulsets", labels=children, registry=registry)(job_statefulsets)
+    kopf.index("", "v1", "pods", labels=children, registry=registry)(job_pods)
+    kopf.index("coordination.k8s.io", "v1", "leases", labels=children, registry=registry)(job_leases)
+    kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)(on_create)
+    kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", field="spec", registry=registry)(on_update)
+    kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)(on_resume)
+    kopf.timer(
+        GROUP,
+        VERSION,
+        PLURAL,
+        id="refresh",
+        interval=config.status_interval,
+        initial_delay=1.0,
+        registry=registry,
+    )(refresh)
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(_forget)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -344,14 +394,15 @@ def _drop_routine(record: logging.LogRecord) -> bool:
 
 def run(config: settings.OperatorConfig) -> None:
     """Run the operator until SIGINT/SIGTERM (blocking)."""
-    global CONFIG
-    CONFIG = config
+    registry = kopf.OperatorRegistry()
+    register(registry, config)
     kopf.configure(verbose=False)
     # kopf logs every handler and timer success at INFO (a line per job per tick); ours says what changed.
     logging.getLogger("kopf.objects").addFilter(_drop_routine)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     logging.getLogger("plrl_operator").setLevel(logging.INFO)
     kopf.run(
+        registry=registry,
         clusterwide=config.clusterwide,
         namespaces=config.namespaces,
         standalone=config.peering is None,

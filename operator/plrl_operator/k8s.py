@@ -22,9 +22,9 @@ from typing import Any
 
 import kubernetes
 
+from plrl_api import names
+from plrl_api import spec as spec_mod
 from plrl_operator import metrics
-from plrl_operator import spec as spec_mod
-from plrl_operator.render import common
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ class ApiError(Exception):
 def _live_hash(obj: dict[str, Any] | None) -> str | None:
     if obj is None:
         return None
-    value = obj.get("metadata", {}).get("annotations", {}).get(common.ANNOTATION_HASH)
+    value = obj.get("metadata", {}).get("annotations", {}).get(names.ANNOTATION_DESIRED_HASH)
     return str(value) if value is not None else None
 
 
@@ -75,7 +75,7 @@ def needs_write(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
     """Pure: whether `desired` must be written, given the live object (None: absent)."""
     if live is None:
         return True
-    if common.ANNOTATION_CREATE_ONLY in desired["metadata"].get("annotations", {}):
+    if names.ANNOTATION_CREATE_ONLY in desired["metadata"].get("annotations", {}):
         return False
     return _live_hash(live) != _live_hash(desired)
 
@@ -142,7 +142,7 @@ class Client:
             "GET",
             k.collection(namespace),
             kind=kind,
-            query={"labelSelector": f"{common.LABEL_JOB}={job_name}"},
+            query={"labelSelector": f"{names.LABEL_JOB}={job_name}"},
         )
         items: list[dict[str, Any]] = out.get("items", [])
         return items
@@ -188,7 +188,7 @@ class Client:
         return [f"{o['kind']}/{o['metadata']['name']}" for o in todo]
 
     def _write(self, obj: dict[str, Any]) -> None:
-        if common.ANNOTATION_CREATE_ONLY not in obj["metadata"].get("annotations", {}):
+        if names.ANNOTATION_CREATE_ONLY not in obj["metadata"].get("annotations", {}):
             self.apply(obj)
             return
         try:
@@ -210,8 +210,8 @@ class Client:
 
 def secret_token(live: dict[tuple[str, str], dict[str, Any]], job_name: str) -> str | None:
     """The job's RPC token from its live Secret, if that exists."""
-    secret = live.get(("Secret", common.Names(job_name).token))
+    secret = live.get(("Secret", names.Names(job_name).token))
     if secret is None:
         return None
-    data = secret.get("data", {}).get(common.TOKEN_KEY)
+    data = secret.get("data", {}).get(names.TOKEN_KEY)
     return base64.b64decode(data).decode() if data else None

@@ -2,7 +2,7 @@
 
 `next_phase(current, observed)` is the only place a phase is decided; `status.compute_status`
 calls it and `handlers` never sets a phase itself. The table `ALLOWED` lists every transition the
-operator may make, and `tests/unit/test_phases.py` walks all phases against all kinds of
+operator may make, and `tests/operator/test_phases.py` walks all phases against all kinds of
 observation to prove `next_phase` never leaves it.
 
 Neighbours: `plrl_operator.status` (builds the `Observed` summary and the status object).
@@ -20,8 +20,8 @@ class Phase(enum.StrEnum):
     RUNNING = "Running"  # every desired pod ready with the current spec
     SCALING = "Scaling"  # a spec change (I, image, ...) is rolling into the StatefulSets
     RECOVERING = "Recovering"  # was running, a pod is missing or not ready without a spec change
-    SUCCEEDED = "Succeeded"  # the trainers reported the last step (runtime seam)
-    FAILED = "Failed"  # restarts exhausted or a permanent error (runtime seam)
+    SUCCEEDED = "Succeeded"  # the trainers reported the last step (policy.decide: Finish)
+    FAILED = "Failed"  # a worker failed with the restart budget used up (policy.decide: Fail)
     SUSPENDED = "Suspended"  # spec.suspend: every StatefulSet at zero
 
 
@@ -30,8 +30,8 @@ _ACTIVE = frozenset({Phase.RUNNING, Phase.SCALING, Phase.RECOVERING})
 
 # Every transition the operator may make; staying in the same phase is always allowed.
 ALLOWED: dict[Phase, frozenset[Phase]] = {
-    Phase.PENDING: frozenset({Phase.STARTING, Phase.RUNNING, Phase.SUSPENDED, Phase.FAILED}),
-    Phase.STARTING: frozenset({Phase.PENDING, Phase.RUNNING, Phase.SUSPENDED, Phase.FAILED}),
+    Phase.PENDING: frozenset({Phase.STARTING, Phase.RUNNING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}),
+    Phase.STARTING: frozenset({Phase.PENDING, Phase.RUNNING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}),
     Phase.RUNNING: frozenset(
         {Phase.SCALING, Phase.RECOVERING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}
     ),
@@ -41,7 +41,7 @@ ALLOWED: dict[Phase, frozenset[Phase]] = {
     Phase.RECOVERING: frozenset(
         {Phase.RUNNING, Phase.SCALING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}
     ),
-    Phase.SUSPENDED: frozenset({Phase.PENDING, Phase.STARTING, Phase.RUNNING, Phase.FAILED}),
+    Phase.SUSPENDED: frozenset({Phase.PENDING, Phase.STARTING, Phase.RUNNING, Phase.SUCCEEDED, Phase.FAILED}),
     Phase.SUCCEEDED: frozenset(),
     Phase.FAILED: frozenset(),
 }
@@ -66,9 +66,9 @@ class Observed:
     unschedulable: bool = False
     """At least one pod was rejected by the scheduler (e.g. too few GPUs)."""
     succeeded: bool = False
-    """The trainers reported the last optimizer step (filled from worker Leases later)."""
+    """The policy decided the job succeeded: trainer rank 0 reported the last step (`policy.decide`)."""
     failed: bool = False
-    """Restarts exhausted or a permanent spec error."""
+    """The policy decided the job failed: a worker failed with the restart budget used up."""
 
 
 def next_phase(current: Phase | None, obs: Observed) -> Phase:
@@ -76,12 +76,14 @@ def next_phase(current: Phase | None, obs: Observed) -> Phase:
     cur = current or Phase.PENDING
     if cur in TERMINAL:
         return cur
+    # Outcomes come from the policy, which only trusts a report of the current pods (`status`), so
+    # they hold from any phase: a job can finish before the operator saw all its pods Ready.
     if obs.failed:
         return Phase.FAILED
+    if obs.succeeded:
+        return Phase.SUCCEEDED
     if obs.suspended:
         return Phase.SUSPENDED
-    if obs.succeeded and cur in _ACTIVE:
-        return Phase.SUCCEEDED
     all_ready = obs.desired_pods > 0 and obs.ready_pods >= obs.desired_pods and obs.rolled_out
     if all_ready:
         return Phase.RUNNING

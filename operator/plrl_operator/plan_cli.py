@@ -18,10 +18,12 @@ import json
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-from plrl_operator.policy import planner, types, utilisation
+from plrl_api import utilisation
+from plrl_operator import jobfile
+from plrl_operator.policy import planner, types
 
 if TYPE_CHECKING:
-    from plrl_operator import spec as spec_mod
+    from plrl_api import spec as spec_mod
 
 PAPER = {"gpus": 128, "batch_size": 128, "steps_per_round": 128, "max_len": 1024}
 
@@ -92,10 +94,10 @@ def load_curve(ref: str | None) -> utilisation.Curve:
 
 def load_job(path: str) -> spec_mod.JobSpec:
     """The job file's spec; imported here so that plans without a job skip building the spec models."""
-    from plrl_operator import spec as spec_mod
+    from plrl_api import spec as spec_mod
 
     try:
-        return spec_mod.load_job(path).spec
+        return jobfile.load_job(path).spec
     except spec_mod.JobFileError as err:
         raise UsageError(str(err)) from None
 

@@ -2,7 +2,7 @@
 
 Like `helm template`: no cluster needed. The RPC token is shown as a placeholder (the operator
 generates a random one at creation) and objects carry no owner reference (a file has no uid).
-Neighbours: `plrl_operator.render` (the pure function), `plrl_workers.cli` (dispatch).
+Neighbours: `plrl_operator.render` (the pure function), `plrl_operator.cli` (dispatch).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 
 import yaml
 
-from plrl_operator import render, spec
-from plrl_operator.policy import planner
+from plrl_api import spec
+from plrl_operator import jobfile, render
+from plrl_operator.policy import decide
 
 
 class _Dumper(yaml.SafeDumper):
@@ -48,12 +49,12 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        job = spec.load_job(args.job)
+        job = jobfile.load_job(args.job)
     except spec.JobFileError as err:
         print(f"plrl render: {err}", file=sys.stderr)
         return 2
     job.metadata.namespace = args.namespace or job.metadata.namespace or "default"
-    generators = args.generators if args.generators is not None else planner.initial_generators(job.spec)
+    generators = args.generators if args.generators is not None else decide.current_generators(job.spec, None)
     try:
         objects = render.render(job, generators)
     except ValueError as err:

@@ -18,11 +18,12 @@ import pathlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from plrl_api import utilisation
 from plrl_operator import plan_cli
-from plrl_operator.policy import autoscaler, planner, simulator, utilisation
+from plrl_operator.policy import autoscaler, planner, simulator
 
 if TYPE_CHECKING:
-    from plrl_operator import spec as spec_mod
+    from plrl_api import spec as spec_mod
 
 DEFAULT_NS = "8,16,32,64,128,256,512,1024"
 

@@ -1,41 +1,45 @@
 """The job's status: its schema (`JobStatus`), and `compute_status`, a pure function of what was seen.
 
-`compute_status(job, generators, children, previous, now)` turns the live children (StatefulSets,
-pods, worker Leases) into the status object; `handlers` writes it only when `changed()` says so,
-so an unchanged job costs no write. Conditions keep their `lastTransitionTime` until their status
-flips. Progress fields (step, lag, reward, throughput) come from the coordinator's Lease: the
-runtime (`plrl_workers.heartbeat`) writes a `Progress` JSON into its `pipelinerl.io/progress`
-annotation. The `WorkersHealthy` condition comes from every worker pod's Lease `renewTime`: a pod
-whose worker has not renewed within `spec.heartbeat.timeoutSeconds` is stale.
+`compute_status(job, generators, children, previous, history, now)` turns the live children
+(StatefulSets, pods, worker Leases) and the policy's history (restarts, outcome: see
+`policy.decide`) into the status object; `handlers` writes it only when `changed()` says so, so an
+unchanged job costs no write. Conditions keep their `lastTransitionTime` until their status flips.
+Progress fields (step, lag, reward, throughput) come from trainer rank 0's Lease (a
+`plrl_api.records.Progress` in its `pipelinerl.io/progress` annotation). The `WorkersHealthy`
+condition comes from every worker pod's Lease `renewTime` (`policy.health`).
 
-Neighbours: `plrl_operator.phases` (the phase decision), `plrl_operator.crd` (generates the
-status schema from `JobStatus`), `plrl_operator.k8s` (reads children, writes status).
+`workers(job, children)` reduces the pods to what `policy.decide` needs, and `history(status)`
+reads back what the last decisions left in status, so a restarted operator neither repeats nor
+forgets one.
+
+Neighbours: `plrl_operator.phases` (the phase decision), `plrl_operator.policy` (decisions),
+`plrl_operator.crd` (generates the status schema from `JobStatus`), `plrl_operator.k8s`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 from typing import Any, Literal
 
 import pydantic
 from pydantic import Field
 from pydantic.alias_generators import to_camel
 
+from plrl_api import names, plan, records
+from plrl_api import spec as spec_mod
 from plrl_operator import phases
-from plrl_operator import spec as spec_mod
-from plrl_operator.policy import planner
-from plrl_operator.render import common
-
-PROGRESS_ANNOTATION = "pipelinerl.io/progress"
+from plrl_operator.policy import decide, health
 
 # Condition types and reasons (the reasons double as Event reasons where an event is posted).
 SCHEDULED = "PodsScheduled"
 READY = "Ready"
 SUSPENDED = "Suspended"
 HEALTHY = "WorkersHealthy"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
 _STALE_LISTED = 5  # stale pods named in the condition's message; the rest are counted
+_DETAIL_CHARS = 600  # of a container's termination message kept in a decision's reason
 
 
 class _Model(pydantic.BaseModel):
@@ -45,38 +49,14 @@ class _Model(pydantic.BaseModel):
 class Condition(_Model):
     """A standard Kubernetes condition (metav1.Condition shape)."""
 
-    type: str = Field(description="Condition type: PodsScheduled, Ready, Suspended or WorkersHealthy.")
+    type: str = Field(
+        description="Condition type: PodsScheduled, Ready, Suspended, WorkersHealthy, Succeeded or Failed."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One-word CamelCase reason.")
     message: str = Field(default="", description="Human-readable detail, with a hint where one helps.")
     last_transition_time: str | None = Field(default=None, description="When status last changed (RFC 3339).")
     observed_generation: int | None = Field(default=None, description="Job generation this was computed for.")
-
-
-class Lag(_Model):
-    """Policy lag of trained tokens, in optimizer steps."""
-
-    mean: float = Field(default=0.0, ge=0, description="Mean lag over the last optimizer step.")
-    max: int = Field(default=0, ge=0, description="Largest lag over the last optimizer step.")
-
-
-class Throughput(_Model):
-    """Token rates, averaged over the last reporting window."""
-
-    generated_tokens_per_second: float = Field(default=0.0, ge=0, description="Tokens/s generated.")
-    trained_tokens_per_second: float = Field(default=0.0, ge=0, description="Tokens/s trained.")
-    ratio: float = Field(default=0.0, ge=0, description="trained / generated tokens per second.")
-
-
-class Progress(_Model):
-    """What the coordinator reports in its Lease annotation `pipelinerl.io/progress` (JSON)."""
-
-    step: int = Field(default=0, ge=0)
-    weight_version: int = Field(default=0, ge=0)
-    lag: Lag = Field(default_factory=Lag)
-    reward: float | None = None
-    throughput: Throughput = Field(default_factory=Throughput)
-    finished: bool = False
 
 
 class JobStatus(_Model):
@@ -88,10 +68,18 @@ class JobStatus(_Model):
     ready: str | None = Field(default=None, description="Worker pods ready / desired, e.g. 3/4.")
     step: int | None = Field(default=None, description="Optimizer steps done.")
     weight_version: int | None = Field(default=None, description="Weight version generators last received.")
-    lag: Lag | None = Field(default=None, description="Policy lag of trained tokens, in optimizer steps.")
+    lag: records.Lag | None = Field(
+        default=None, description="Policy lag of trained tokens, in optimizer steps."
+    )
     reward: float | None = Field(default=None, description="Mean reward over the last optimizer step.")
-    throughput: Throughput | None = Field(default=None, description="Generated and trained tokens/s.")
-    restarts: int = Field(default=0, ge=0, description="Worker replacements so far.")
+    throughput: records.Throughput | None = Field(default=None, description="Generated and trained tokens/s.")
+    restarts: int = Field(
+        default=0, ge=0, description="Worker restarts so far (counted against failurePolicy.maxRestarts)."
+    )
+    counted_restarts: dict[str, int] = Field(
+        default_factory=dict,
+        description="Container restarts already counted, by pod uid (a restarted operator counts each once).",
+    )
     conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
     observed_generation: int | None = Field(default=None, description="Job generation last reconciled.")
     start_time: str | None = Field(default=None, description="When the job first ran (RFC 3339).")
@@ -115,22 +103,8 @@ def parse(raw: dict[str, Any] | None) -> JobStatus:
         return JobStatus()  # a hand-edited, broken status is recomputed from scratch
 
 
-def current_generators(job: spec_mod.JobSpec, previous: JobStatus) -> int:
-    """I to render: the spec's, else the one in effect (status), else the planner's initial one."""
-    if job.pipeline.generators is not None:
-        return job.pipeline.generators
-    prev = previous.generators
-    if prev is not None:
-        try:
-            common.Plan.of(job, prev)
-            return prev
-        except ValueError:
-            pass  # N or GPUs per pod changed so that the old I no longer tiles
-    return planner.initial_generators(job)
-
-
 def _role(obj: dict[str, Any]) -> str:
-    return str(obj.get("metadata", {}).get("labels", {}).get(common.LABEL_ROLE, ""))
+    return str(obj.get("metadata", {}).get("labels", {}).get(names.LABEL_ROLE, ""))
 
 
 def _pod_condition(pod: dict[str, Any], ctype: str) -> dict[str, Any]:
@@ -154,11 +128,15 @@ def _rolled_out(sts: dict[str, Any] | None, want: int) -> bool:
 
 
 def observe(
-    job: spec_mod.PipelineRLJob, plan: common.Plan, children: Children
+    job: spec_mod.PipelineRLJob,
+    pod_plan: plan.PodPlan,
+    children: Children,
+    outcome: decide.Outcome | None = None,
 ) -> tuple[phases.Observed, str]:
     """Reduce the children to the facts phases need, plus the scheduler's complaint (if any)."""
     suspended = job.spec.suspend
-    want = {role: 0 if suspended else plan.pods(role) for role in common.ROLES}
+    stopped = suspended or outcome is not None
+    want = {role: 0 if stopped else pod_plan.pods(role) for role in names.ROLES}
     revisions = {
         role: sts.get("status", {}).get("updateRevision") for role, sts in children.statefulsets.items()
     }
@@ -178,30 +156,97 @@ def observe(
         )
         if current and _pod_condition(pod, "Ready").get("status") == "True":
             ready += 1
-    progress = progress_from_leases(children.leases)
     obs = phases.Observed(
         suspended=suspended,
         desired_pods=sum(want.values()),
         scheduled_pods=scheduled,
         ready_pods=ready,
         live_pods=len(children.pods),
-        rolled_out=all(_rolled_out(children.statefulsets.get(r), want[r]) for r in common.ROLES),
+        rolled_out=all(_rolled_out(children.statefulsets.get(r), want[r]) for r in names.ROLES),
         unschedulable=bool(complaint),
-        succeeded=progress is not None and progress.finished,
+        succeeded=outcome is decide.Outcome.SUCCEEDED,
+        failed=outcome is decide.Outcome.FAILED,
     )
     return obs, complaint
 
 
-def progress_from_leases(leases: list[dict[str, Any]]) -> Progress | None:
+def progress_from_leases(leases: list[dict[str, Any]]) -> records.Progress | None:
     """The coordinator's latest report, if any Lease carries one (the runtime's seam)."""
     for lease in leases:
-        raw = lease.get("metadata", {}).get("annotations", {}).get(PROGRESS_ANNOTATION)
-        if raw:
-            try:
-                return Progress.model_validate(json.loads(raw))
-            except (ValueError, pydantic.ValidationError):
-                continue
+        report = records.parse_annotations(lease.get("metadata", {}).get("annotations", {}))
+        if report is not None and report.progress is not None:
+            return report.progress
     return None
+
+
+def _container_detail(status: dict[str, Any]) -> tuple[int | None, str]:
+    """(exit code, 'reason: message') of a container's last termination, as its kubelet reported it."""
+    term = (status.get("lastState") or {}).get("terminated") or (status.get("state") or {}).get("terminated")
+    if not term:
+        return None, ""
+    text = ": ".join(x for x in (term.get("reason"), (term.get("message") or "").strip()) if x)
+    return term.get("exitCode"), text[-_DETAIL_CHARS:]
+
+
+def workers(children: Children) -> tuple[decide.Worker, ...]:
+    """The job's pods as `policy.decide` sees them: restarts the kubelet did, and why."""
+    out = []
+    for pod in children.pods:
+        meta = pod.get("metadata", {})
+        role = _role(pod)
+        if meta.get("deletionTimestamp") or role not in names.ROLES:
+            continue
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        restarts = sum(int(c.get("restartCount") or 0) for c in statuses)
+        code, detail = None, ""
+        for c in statuses:
+            c_code, c_detail = _container_detail(c)
+            if c_code is not None:
+                code, detail = c_code, f"container {c.get('name')}: {c_detail}" if c_detail else ""
+        running = bool(statuses) and all("running" in (c.get("state") or {}) for c in statuses)
+        out.append(
+            decide.Worker(
+                name=str(meta.get("name")),
+                role=role,
+                instance=str(meta.get("uid") or meta.get("name")),
+                running=running,
+                exit_code=code,
+                platform_restarts=restarts,
+                detail=detail,
+            )
+        )
+    return tuple(out)
+
+
+def history(previous: JobStatus) -> decide.History:
+    """What earlier decisions left in the status."""
+    outcome = {phases.Phase.SUCCEEDED: decide.Outcome.SUCCEEDED, phases.Phase.FAILED: decide.Outcome.FAILED}
+    out = outcome.get(previous.phase) if previous.phase is not None else None
+    reason = next(
+        (c.message for c in previous.conditions if c.type in (SUCCEEDED, FAILED) and c.status == "True"), ""
+    )
+    return decide.History(
+        restarts=previous.restarts, counted=dict(previous.counted_restarts), outcome=out, reason=reason
+    )
+
+
+def observation(children: Children) -> decide.Observation:
+    """What `policy.decide` looks at. Only a Lease renewed by a current pod (after it was created) can
+    say the job finished: a report left over from an earlier pod or job must not end this one."""
+    created = {
+        str(p["metadata"].get("name")): _time(p["metadata"].get("creationTimestamp"))
+        for p in children.pods
+        if not p.get("metadata", {}).get("deletionTimestamp")
+    }
+    current = []
+    for lease in children.leases:
+        spec = lease.get("spec") or {}
+        holder, renewed = str(spec.get("holderIdentity") or ""), _time(spec.get("renewTime"))
+        born = created.get(holder)
+        if holder in created and renewed is not None and (born is None or renewed >= born):
+            current.append(lease)
+    progress = progress_from_leases(current)
+    return decide.Observation(workers=workers(children), finished=progress is not None and progress.finished)
 
 
 def _time(raw: Any) -> datetime.datetime | None:
@@ -221,8 +266,8 @@ def heartbeats(
     """(healthy, reason, message) of the WorkersHealthy condition, from the worker pods' Leases.
 
     Only Leases held by a live pod count (a scaled-away pod's Lease is history), and only if renewed
-    since that pod was created (its predecessor's Lease says nothing about the new worker, which may
-    still be loading its model). None (Unknown) while no worker reports at all.
+    since that pod was created (`health.Health.STARTING` otherwise: it may still be loading its
+    model). None (Unknown) while no worker reports at all.
     """
     pods = {
         str(p["metadata"].get("name")): _time(p["metadata"].get("creationTimestamp"))
@@ -235,15 +280,13 @@ def heartbeats(
     for lease in children.leases:
         spec = lease.get("spec") or {}
         holder = str(spec.get("holderIdentity") or "")
+        if holder not in pods:
+            continue
         renewed = _time(spec.get("renewTime"))
-        if holder not in pods or renewed is None:
-            continue
-        created = pods[holder]
-        if created is not None and renewed < created:
-            continue
-        if (now - renewed).total_seconds() > timeout:
+        verdict = health.classify(health.Beat(holder, True, pods[holder], renewed), now, timeout)
+        if verdict is health.Health.STALE and renewed is not None:
             stale.append((holder, renewed))
-        else:
+        elif verdict is health.Health.HEALTHY:
             fresh.append(holder)
     if stale:
         stale.sort()
@@ -291,11 +334,16 @@ def compute_status(
     children: Children,
     previous: JobStatus,
     now: datetime.datetime,
+    decided: decide.History | None = None,
 ) -> JobStatus:
-    """The status the job should have now; equal to `previous` when nothing changed."""
+    """The status the job should have now; equal to `previous` when nothing changed.
+
+    `decided` is the policy's history after this look (`policy.decide`); None keeps the previous.
+    """
+    decided = history(previous) if decided is None else decided
     stamp = now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    plan = common.Plan.of(job.spec, generators)
-    obs, complaint = observe(job, plan, children)
+    pod_plan = plan.PodPlan.of(job.spec, generators)
+    obs, complaint = observe(job, pod_plan, children, decided.outcome)
     phase = phases.next_phase(previous.phase, obs)
     gen = job.metadata.generation
     if obs.suspended:
@@ -331,20 +379,27 @@ def compute_status(
         ),
         _condition(previous, HEALTHY, *heartbeats(job.spec, children, now), gen, stamp),
     ]
+    if phase is phases.Phase.SUCCEEDED:
+        why = decided.reason or "trainer rank 0 reported the last step"
+        conditions.append(_condition(previous, SUCCEEDED, True, "TrainingComplete", why, gen, stamp))
+    elif phase is phases.Phase.FAILED:
+        why = decided.reason or "the job failed"
+        conditions.append(_condition(previous, FAILED, True, "RestartsExhausted", why, gen, stamp))
     progress = progress_from_leases(children.leases)
     start = previous.start_time or (stamp if phase is phases.Phase.RUNNING else None)
     done = previous.completion_time or (stamp if phase in phases.TERMINAL else None)
     return JobStatus(
         phase=phase,
-        generators=plan.generator_gpus,
-        trainers=plan.trainer_gpus,
+        generators=pod_plan.generator_gpus,
+        trainers=pod_plan.trainer_gpus,
         ready=f"{obs.ready_pods}/{obs.desired_pods}",
         step=progress.step if progress else previous.step,
         weight_version=progress.weight_version if progress else previous.weight_version,
         lag=progress.lag if progress else previous.lag,
         reward=progress.reward if progress else previous.reward,
         throughput=progress.throughput if progress else previous.throughput,
-        restarts=previous.restarts,
+        restarts=decided.restarts,
+        counted_restarts=dict(decided.counted),
         conditions=conditions,
         observed_generation=gen,
         start_time=start,

@@ -52,6 +52,11 @@ class ContainerState:
     ready: bool
     exit_code: int = 0
     reason: str = ""
+    restart_count: int = 0
+    last_exit_code: int | None = None
+    """Exit code of the previous run, reported as `lastState.terminated` (None: no previous run)."""
+    last_reason: str = ""
+    last_message: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +82,41 @@ class PodRunner(Protocol):
 
 
 class StatusOnlyRunner:
-    """Runs nothing: every container is reported Running and Ready, init containers Completed."""
+    """Runs nothing: every container is reported Running and Ready, init containers Completed.
+
+    A pod annotated `CRASH_ANNOTATION: <exit code>` is reported as a kubelet reports a container
+    that keeps exiting with that code: CrashLoopBackOff, one more restart every `crash_period_s`,
+    the last run in `lastState.terminated`. That is how operator tests make a worker fail while
+    this runner starts no processes.
+    """
 
     # 198.18.0.0/15 is reserved for benchmarking (RFC 2544) and never routed. Pod IPs must not be
     # loopback (EndpointSlice validation refuses them); nothing ever connects to these.
     POD_NET = ipaddress.IPv4Network("198.18.0.0/15")
+    CRASH_ANNOTATION = "plrl.test/crash-exit-code"
+
+    def __init__(self, crash_period_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._crash_period_s = crash_period_s
+        self._clock = clock
+        self._crashing_since: dict[str, float] = {}  # pod uid -> when its crash loop started
+
+    def _container(self, pod: Pod, c: dict[str, Any]) -> ContainerState:
+        code = (pod["metadata"].get("annotations") or {}).get(self.CRASH_ANNOTATION)
+        if code is None:
+            return ContainerState(c["name"], c.get("image", ""), "running", True)
+        since = self._crashing_since.setdefault(pod["metadata"]["uid"], self._clock())
+        restarts = 1 + int((self._clock() - since) / self._crash_period_s)
+        return ContainerState(
+            c["name"],
+            c.get("image", ""),
+            "waiting",
+            False,
+            reason="CrashLoopBackOff",
+            restart_count=restarts,
+            last_exit_code=int(code),
+            last_reason="Error",
+            last_message=f"exited with code {code} ({self.CRASH_ANNOTATION})",
+        )
 
     def sync(self, pod: Pod) -> PodState:
         spec = pod["spec"]
@@ -89,9 +124,7 @@ class StatusOnlyRunner:
         return PodState(
             phase="Running",
             pod_ip=ip,
-            containers=tuple(
-                ContainerState(c["name"], c.get("image", ""), "running", True) for c in spec["containers"]
-            ),
+            containers=tuple(self._container(pod, c) for c in spec["containers"]),
             init_containers=tuple(
                 ContainerState(c["name"], c.get("image", ""), "terminated", False, 0, "Completed")
                 for c in spec.get("initContainers") or []
@@ -99,7 +132,7 @@ class StatusOnlyRunner:
         )
 
     def stop(self, pod: Pod) -> None:
-        return None
+        self._crashing_since.pop(pod["metadata"]["uid"], None)
 
     @classmethod
     def pod_ip(cls, uid: str) -> str:
@@ -161,16 +194,27 @@ def _container_status(
         state = {"terminated": term}
     else:
         state = {"waiting": {"reason": c.reason or "ContainerCreating"}}
-    return {
+    out: dict[str, Any] = {
         "name": c.name,
         "image": c.image,
         "imageID": "",
         "containerID": f"plrl://{uid}/{c.name}",
         "ready": c.ready,
         "started": c.state == "running",
-        "restartCount": 0,
+        "restartCount": c.restart_count,
         "state": state,
     }
+    if c.last_exit_code is not None:
+        out["lastState"] = {
+            "terminated": {
+                "exitCode": c.last_exit_code,
+                "reason": c.last_reason,
+                "message": c.last_message,
+                "startedAt": started,
+                "finishedAt": now,
+            }
+        }
+    return out
 
 
 def summary(status: dict[str, Any] | None) -> tuple[Any, ...]:
@@ -180,7 +224,7 @@ def summary(status: dict[str, Any] | None) -> tuple[Any, ...]:
     def containers(key: str) -> tuple[Any, ...]:
         return tuple(
             (c.get("name"), tuple(sorted((c.get("state") or {}).keys())), c.get("ready"),
-             ((c.get("state") or {}).get("terminated") or {}).get("exitCode"))
+             ((c.get("state") or {}).get("terminated") or {}).get("exitCode"), c.get("restartCount"))
             for c in s.get(key) or []
         )  # fmt: skip
 

@@ -14,20 +14,17 @@ Neighbours: `trainer.TrainLoop` (training, coordinator, checkpoints), `generator
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
 import signal
-import sys
 import threading
 
 import torch.distributed as dist
 
-from plrl_workers import config as config_mod
+from plrl_api import identity, worker_config
 from plrl_workers import generator, trainer
 
 
-def run(cfg: config_mod.WorkerConfig, ident: config_mod.Identity, ranks: trainer.RankInfo) -> int:
+def run(cfg: worker_config.WorkerConfig, ident: identity.Identity, ranks: trainer.RankInfo) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # Budget 0: nothing is issued until a round opens.
@@ -57,22 +54,13 @@ def run(cfg: config_mod.WorkerConfig, ident: config_mod.Identity, ranks: trainer
     return 0 if loop.done or stop.is_set() else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(
-        prog="python -m plrl_workers.conventional", description=__doc__.splitlines()[0]
-    )
-    ap.add_argument("--config", required=True, help="worker config JSON")
-    args = ap.parse_args(argv)
-    ranks = trainer.rank_info(dict(os.environ))
-    if ranks is None:
-        raise SystemExit("conventional mode runs one process per accelerator: set RANK/WORLD_SIZE")
+def main(cfg: worker_config.WorkerConfig, ident: identity.Identity, argv: list[str]) -> int:
+    """The trainer role when `pipeline.mode` is conventional (`plrl-worker --role trainer`)."""
+    gpus = cfg.plan.gpus_per_trainer
+    if ident.local_rank is None and gpus > 1:
+        return trainer.spawn_local_ranks(argv, gpus)
+    ranks = trainer.RankInfo.of(cfg, ident)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rank{ranks.rank} %(name)s %(levelname)s %(message)s"
     )
-    cfg = config_mod.load(args.config)
-    return run(cfg, config_mod.Identity.from_env(cfg), ranks)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return run(cfg, ident, ranks)

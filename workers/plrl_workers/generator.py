@@ -1,6 +1,6 @@
 """The generator role: keep H sequences in flight, score them, stream rollouts, take weights in flight.
 
-One process per generator pod (`python -m plrl_workers.generator --config /etc/plrl/generator.json`).
+One process per generator pod (`plrl-worker --role generator --config /etc/plrl/generator.json`).
 The main loop drives its engine one decode step at a time; between steps it
 
 - applies weight updates announced on the coordinator's control stream (the engine joins the
@@ -16,12 +16,11 @@ broadcast never waits on a generator stuck in backpressure.
 
 Neighbours: `engines/` (decoding), `rpc/client.py` + `rpc/rollout_stream.py` (coordinator),
 `tasks/rewards.py` (scoring), `metrics.py` (/metrics), `heartbeat.py` (the pod's Lease in a cluster),
-`config.py` (settings).
+`plrl_api.worker_config` (settings).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import queue
@@ -32,9 +31,10 @@ from typing import Any
 
 import grpc
 
-from plrl_workers import config as config_mod
-from plrl_workers import coordinator, coordinator_control, heartbeat, metrics, types
+from plrl_api import identity, names, records, worker_config
+from plrl_workers import heartbeat, metrics, protocol
 from plrl_workers.engines import base as engines
+from plrl_workers.engines import factory
 from plrl_workers.rpc import client as client_mod
 from plrl_workers.rpc import rollout_stream
 from plrl_workers.tasks import base as tasks
@@ -51,8 +51,8 @@ MAX_UNACKED_GROUPS = 8
 
 @dataclasses.dataclass
 class _Group:
-    lease: coordinator.Lease
-    samples: dict[int, types.Sample] = dataclasses.field(default_factory=dict)
+    lease: protocol.Lease
+    samples: dict[int, protocol.Sample] = dataclasses.field(default_factory=dict)
 
 
 class Generator:
@@ -65,7 +65,7 @@ class Generator:
         coord: client_mod.CoordinatorClient,
         tokenizer: Any,
         reward_fn: rewards.RewardFn,
-        params: types.SamplingParams,
+        params: engines.SamplingParams,
         samples_per_prompt: int,
         worker_metrics: metrics.WorkerMetrics | None = None,
         max_unacked_groups: int = MAX_UNACKED_GROUPS,
@@ -79,7 +79,7 @@ class Generator:
         self.g = samples_per_prompt
         self.metrics = worker_metrics
         self.max_unacked_groups = max_unacked_groups
-        self._events: queue.SimpleQueue[coordinator_control.ControlEvent | None] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[protocol.ControlEvent | None] = queue.SimpleQueue()
         self._groups: dict[str, _Group] = {}
         self._unacked = 0
         self._unacked_lock = threading.Lock()
@@ -109,15 +109,15 @@ class Generator:
                 event = self._events.get_nowait()
             except queue.Empty:
                 return True
-            if event is None or isinstance(event, coordinator_control.Stop):
+            if event is None or isinstance(event, protocol.Stop):
                 log.info("stopping: %s", "control stream closed" if event is None else event.reason)
                 return False
-            if isinstance(event, coordinator_control.WeightUpdate):
+            if isinstance(event, protocol.WeightUpdate):
                 self._receive(event)
-            elif isinstance(event, coordinator_control.PullWeights):
+            elif isinstance(event, protocol.PullWeights):
                 self._pull(event.version)
 
-    def _receive(self, event: coordinator_control.WeightUpdate) -> None:
+    def _receive(self, event: protocol.WeightUpdate) -> None:
         t0 = time.perf_counter()
         try:
             self.engine.join_weight_group(event.group)
@@ -145,7 +145,7 @@ class Generator:
 
     # -------------------------------------------------------------- rollouts
 
-    def _on_result(self, result: coordinator.SubmitResult) -> None:
+    def _on_result(self, result: protocol.SubmitResult) -> None:
         with self._unacked_lock:
             self._unacked -= 1
         if not result.ok:
@@ -181,7 +181,9 @@ class Generator:
                 )
         return len(batch.leases)
 
-    def _collect(self, finished: list[types.FinishedSequence], stream: rollout_stream.RolloutStream) -> None:
+    def _collect(
+        self, finished: list[engines.FinishedSequence], stream: rollout_stream.RolloutStream
+    ) -> None:
         for seq in finished:
             lease_id, _, j = seq.request_id.rpartition("#")
             group = self._groups.get(lease_id)
@@ -190,7 +192,7 @@ class Generator:
             prompt = group.lease.prompt
             text = tasks.completion_text(self.tokenizer, seq.token_ids)
             reward = rewards.score(self.reward_fn, prompt.text, text, prompt.answer)
-            group.samples[int(j)] = types.Sample(
+            group.samples[int(j)] = protocol.Sample(
                 token_ids=seq.token_ids,
                 logprobs=seq.logprobs,
                 versions=seq.versions,
@@ -205,7 +207,7 @@ class Generator:
                 with self._unacked_lock:
                     self._unacked += 1
                 stream.put(
-                    types.RolloutGroup(
+                    protocol.RolloutGroup(
                         lease_id=lease_id,
                         prompt_id=prompt.prompt_id,
                         prompt_token_ids=list(prompt.token_ids),
@@ -272,7 +274,7 @@ class Generator:
                 continue
             self._decode()
 
-    def heartbeat_report(self, capacity: int) -> heartbeat.Report:
+    def heartbeat_report(self, capacity: int) -> records.WorkerReport:
         """Weight version, tokens/s, groups awaiting the coordinator and slots in use (another thread)."""
         with self._unacked_lock:
             backlog = self._unacked
@@ -292,8 +294,8 @@ class Generator:
 
 
 def build(
-    cfg: config_mod.WorkerConfig,
-    ident: config_mod.Identity,
+    cfg: worker_config.WorkerConfig,
+    ident: identity.Identity,
     *,
     name: str | None = None,
     gpus: int | None = None,
@@ -305,7 +307,7 @@ def build(
     import transformers
 
     spec = cfg.spec
-    model_dir = cfg.local.model_dir if cfg.local is not None else spec.model.name
+    model_dir = cfg.paths.model_dir
     tp = spec.resources.gpus_per_generator if gpus is None else gpus
     capacity = spec.generation.concurrent_sequences * tp
     options = engines.EngineOptions(
@@ -318,9 +320,9 @@ def build(
         gpu_memory_utilization=spec.generation.gpu_memory_utilization,
         tensor_parallel_size=tp,
     )
-    engine = engines.create(spec.generation.engine, options)
+    engine = factory.generation_engine(spec.generation.engine, options)
     tokenizer = transformers.AutoTokenizer.from_pretrained(spec.model.tokenizer or model_dir)
-    params = types.SamplingParams(
+    params = engines.SamplingParams(
         max_new_tokens=spec.generation.max_new_tokens,
         temperature=spec.generation.temperature,
         top_p=spec.generation.top_p,
@@ -330,7 +332,7 @@ def build(
     coord = client_mod.CoordinatorClient(cfg.endpoints.coordinator, ident.token)
     worker_metrics = metrics.WorkerMetrics("generator")
     gen = Generator(
-        generator_id=name or f"{cfg.job.name}-gen-{ident.pod_index}",
+        generator_id=name or names.Names(cfg.job.name).pod(names.GENERATOR, ident.pod_index),
         engine=engine,
         coord=coord,
         tokenizer=tokenizer,
@@ -355,18 +357,14 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m plrl_workers.generator", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="worker config JSON (/etc/plrl/generator.json)")
-    args = ap.parse_args(argv)
+def main(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> int:
+    """The generator role (`plrl-worker --role generator`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = config_mod.load(args.config)
-    ident = config_mod.Identity.from_env(cfg)
     gen, capacity = build(cfg, ident)
     if gen.metrics is not None:
-        gen.metrics.serve(ident.metrics_port or cfg.ports.metrics, host=ident.bind_host)
+        gen.metrics.serve(ident.metrics_port or cfg.endpoints.metrics_port, host=ident.bind_host)
     signal.signal(signal.SIGTERM, lambda *_: gen.stop())
-    beat = heartbeat.start(cfg, lambda: gen.heartbeat_report(capacity))
+    beat = heartbeat.start(cfg, ident, lambda: gen.heartbeat_report(capacity))
     try:
         gen.run(capacity)
     finally:
@@ -376,7 +374,3 @@ def main(argv: list[str] | None = None) -> int:
         gen.coord.close()
     log.info("generator %s done (%d refused rollouts)", gen.generator_id, gen.refused)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,25 +1,26 @@
 """Worker heartbeats: each worker pod renews the Lease `<job>-<pod>` with its numbers in annotations.
 
-In a cluster (env `PLRL_NAMESPACE` and `PLRL_POD_NAME`, which the operator's render injects) a
-daemon thread server-side-applies the coordination.k8s.io Lease `<job>-<pod>` every
+In a cluster (the pod's name and namespace in its `Identity`, from the downward API) a daemon
+thread server-side-applies the coordination.k8s.io Lease `<job>-<pod>` every
 `spec.heartbeat.intervalSeconds`: holderIdentity (the pod), renewTime, leaseDurationSeconds
 (`spec.heartbeat.timeoutSeconds`), the labels `pipelinerl.io/job` and `pipelinerl.io/role` (the
 operator watches Leases by the first), and annotations with the worker's role, weight version,
 tokens/s, queue depth and utilisation. Trainer rank 0 adds `pipelinerl.io/progress`: the JSON of
-`plrl_operator.status.Progress`, from which the operator fills the job's STEP, LAG, REWARD and TOK/S
-and, once it says `finished`, marks the job Succeeded. Without that env (`plrl run`) `start`
-returns None and nothing runs.
+`plrl_api.records.Progress`, from which the operator fills the job's STEP, LAG, REWARD and TOK/S
+and, once it says `finished`, marks the job Succeeded. Without them (`plrl run`) `start` returns
+None and nothing runs.
 
 One Lease per pod: in a trainer pod with several ranks only local rank 0 renews it. The Lease is
 owned by the job (as a plain owner: no `blockOwnerDeletion`, so the worker Role's Lease verbs
 suffice), so deleting the job deletes it. A failed renewal is logged and retried with backoff; it
 never reaches the worker's own loop.
 
-Building a Lease is pure (`progress`, `lease_annotations`, `lease`); `_Api` is the only I/O and this
-module the only one in the workers that imports `kubernetes` (lazily: `plrl run` never pays for it).
+Building a Lease is pure (`trainer_report`, `generator_report`, `lease`; the annotation encoding is
+`plrl_api.records.lease_annotations`); `_Api` is the only I/O and this module the only one in the
+workers that imports `kubernetes` (lazily: `plrl run` never pays for it).
 
-Neighbours: `trainer.py` and `generator.py` (supply `Report`s), `plrl_operator.status` (reads
-them), `plrl_operator.render.config.worker_rbac` (the Role the renewals run under).
+Neighbours: `trainer.py` and `generator.py` (supply `records.WorkerReport`s), `plrl_api.records`
+(the encoding the operator's status decodes), the operator's worker Role (what renewals run under).
 """
 
 from __future__ import annotations
@@ -35,42 +36,17 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from plrl_operator import spec as spec_mod
-from plrl_operator import status
-from plrl_workers import config as config_mod
+from plrl_api import identity, names, records, worker_config
+from plrl_api import spec as spec_mod
 
 if TYPE_CHECKING:
     from kubernetes import client as k8s_client
 
 log = logging.getLogger("plrl.heartbeat")
 
-LABEL_JOB = "pipelinerl.io/job"
-LABEL_ROLE = "pipelinerl.io/role"
-ANNOTATION_ROLE = "pipelinerl.io/role"
-ANNOTATION_WEIGHT_VERSION = "pipelinerl.io/weight-version"
-ANNOTATION_TOKENS_PER_SECOND = "pipelinerl.io/tokens-per-second"
-ANNOTATION_QUEUE_DEPTH = "pipelinerl.io/queue-depth"
-ANNOTATION_UTILISATION = "pipelinerl.io/utilisation"
-ANNOTATION_PROGRESS = status.PROGRESS_ANNOTATION
 FIELD_MANAGER = "plrl-worker"
 SA_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
 REQUEST_TIMEOUT_S = 10.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Report:
-    """What one worker says about itself at one renewal; None fields are left out of the Lease."""
-
-    role: str
-    weight_version: int | None = None
-    tokens_per_second: float | None = None
-    """Generator: tokens generated; trainer: tokens trained (both over the metrics window)."""
-    queue_depth: int | None = None
-    """Generator: rollout groups waiting for the coordinator; trainer rank 0: groups buffered."""
-    utilisation: float | None = None
-    """Generator: sequences in flight / capacity; trainer: busy share of the last step."""
-    progress: status.Progress | None = None
-    """Trainer rank 0 only: the job's progress, as the operator reads it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,18 +63,17 @@ class Target:
 
     @property
     def name(self) -> str:
-        return f"{self.job}-{self.pod}"
+        return names.Names(self.job).lease(self.pod)
 
 
-def target(cfg: config_mod.WorkerConfig, env: Mapping[str, str]) -> Target | None:
-    """The Lease to renew in a cluster; None when the env says this is not a pod (`plrl run`)."""
-    namespace, pod = env.get("PLRL_NAMESPACE", ""), env.get("PLRL_POD_NAME", "")
-    if not namespace or not pod:
+def target(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> Target | None:
+    """The Lease to renew in a cluster; None when this process is not a pod (`plrl run`)."""
+    if not ident.namespace or not ident.pod_name:
         return None
     hb = cfg.spec.heartbeat
     return Target(
-        namespace=namespace,
-        pod=pod,
+        namespace=ident.namespace,
+        pod=ident.pod_name,
         job=cfg.job.name,
         job_uid=cfg.job.uid,
         role=cfg.role,
@@ -110,96 +85,40 @@ def target(cfg: config_mod.WorkerConfig, env: Mapping[str, str]) -> Target | Non
 # --------------------------------------------------------------------------- pure: reports -> Lease
 
 
-def _finite(value: Any) -> float | None:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def progress(
-    row: Mapping[str, Any] | None, *, step: int = 0, weight_version: int = 0, finished: bool = False
-) -> status.Progress:
-    """The operator's `Progress` from the trainer's metrics row (`trainer.Coordination.log_step`).
-
-    Without a row yet (e.g. a resumed job that is already done) only `step`, `weight_version` and
-    `finished` are known. Non-finite numbers (a batch without samples has a NaN reward) become
-    empty or zero rather than invalid JSON.
-    """
-    if row is None:
-        return status.Progress(step=step, weight_version=weight_version, finished=finished)
-    step = int(row.get("step", step))
-    generated = max(0.0, _finite(row.get("generated_tokens_per_s")) or 0.0)
-    trained = max(0.0, _finite(row.get("trained_tokens_per_s")) or 0.0)
-    return status.Progress(
-        step=step,
-        weight_version=int(row.get("version", step)),
-        lag=status.Lag(
-            mean=max(0.0, _finite(row.get("lag_mean")) or 0.0),
-            max=max(0, int(_finite(row.get("lag_max")) or 0)),
-        ),
-        reward=_finite(row.get("reward_mean")),
-        throughput=status.Throughput(
-            generated_tokens_per_second=generated,
-            trained_tokens_per_second=trained,
-            ratio=trained / generated if generated > 0 else 0.0,
-        ),
-        finished=finished,
-    )
-
-
 def trainer_report(
-    row: Mapping[str, Any] | None,
+    record: records.StepRecord | None,
     *,
     step: int,
     weight_version: int,
     finished: bool,
     tokens_per_second: float | None = None,
     queue_depth: int | None = None,
-) -> Report:
+) -> records.WorkerReport:
     """Trainer rank 0's report: its progress (once there is something to say) and its rates."""
-    busy, wall = (_finite(row.get("busy_s")), _finite(row.get("step_s"))) if row else (None, None)
-    return Report(
-        role="trainer",
+    return records.WorkerReport(
+        role=names.TRAINER,
         weight_version=weight_version,
         tokens_per_second=tokens_per_second,
         queue_depth=queue_depth,
-        utilisation=min(1.0, busy / wall) if busy is not None and wall else None,
-        progress=progress(row, step=step, weight_version=weight_version, finished=finished)
-        if row is not None or finished
+        utilisation=min(1.0, record.busy_s / record.step_s)
+        if record is not None and record.step_s > 0
+        else None,
+        progress=records.progress(record, step=step, weight_version=weight_version, finished=finished)
+        if record is not None or finished
         else None,
     )
 
 
 def generator_report(
     weight_version: int, tokens_per_second: float, in_flight: int, capacity: int, queue_depth: int
-) -> Report:
-    return Report(
-        role="generator",
+) -> records.WorkerReport:
+    return records.WorkerReport(
+        role=names.GENERATOR,
         weight_version=weight_version,
         tokens_per_second=tokens_per_second,
         queue_depth=queue_depth,
         utilisation=min(1.0, in_flight / capacity) if capacity > 0 else None,
     )
-
-
-def lease_annotations(report: Report) -> dict[str, str]:
-    """The Lease annotations for `report` (string values, as Kubernetes requires)."""
-    out = {ANNOTATION_ROLE: report.role}
-    if report.weight_version is not None:
-        out[ANNOTATION_WEIGHT_VERSION] = str(report.weight_version)
-    tps = _finite(report.tokens_per_second)
-    if tps is not None:
-        out[ANNOTATION_TOKENS_PER_SECOND] = f"{max(0.0, tps):.1f}"
-    if report.queue_depth is not None:
-        out[ANNOTATION_QUEUE_DEPTH] = str(report.queue_depth)
-    util = _finite(report.utilisation)
-    if util is not None:
-        out[ANNOTATION_UTILISATION] = f"{min(1.0, max(0.0, util)):.3f}"
-    if report.progress is not None:
-        out[ANNOTATION_PROGRESS] = report.progress.model_dump_json(by_alias=True)
-    return out
 
 
 def micro_time(t: datetime.datetime) -> str:
@@ -208,14 +127,14 @@ def micro_time(t: datetime.datetime) -> str:
 
 
 def lease(
-    tgt: Target, report: Report, *, now: datetime.datetime, acquired: datetime.datetime
+    tgt: Target, report: records.WorkerReport, *, now: datetime.datetime, acquired: datetime.datetime
 ) -> dict[str, Any]:
     """The whole Lease as this worker applies it (server-side apply: what is left out is removed)."""
     meta: dict[str, Any] = {
         "name": tgt.name,
         "namespace": tgt.namespace,
-        "labels": {LABEL_JOB: tgt.job, LABEL_ROLE: tgt.role},
-        "annotations": lease_annotations(report),
+        "labels": {names.LABEL_JOB: tgt.job, names.LABEL_ROLE: tgt.role},
+        "annotations": records.lease_annotations(report),
     }
     if tgt.job_uid:
         meta["ownerReferences"] = [
@@ -303,7 +222,7 @@ class Heartbeat:
     def __init__(
         self,
         tgt: Target,
-        report: Callable[[], Report],
+        report: Callable[[], records.WorkerReport],
         api: _Api,
         clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
     ) -> None:
@@ -312,7 +231,7 @@ class Heartbeat:
         self._api = api
         self._clock = clock
         self._acquired = clock()
-        self._last = Report(role=tgt.role)
+        self._last = records.WorkerReport(role=tgt.role)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")
         self._failures = 0
@@ -364,18 +283,19 @@ class Heartbeat:
 
 
 def start(
-    cfg: config_mod.WorkerConfig,
-    report: Callable[[], Report],
+    cfg: worker_config.WorkerConfig,
+    ident: identity.Identity,
+    report: Callable[[], records.WorkerReport],
     env: Mapping[str, str] | None = None,
     sa_dir: pathlib.Path = SA_DIR,
 ) -> Heartbeat | None:
     """Start renewing this pod's Lease; None outside a cluster or without credentials (logged).
 
-    `env` (default: the process's) and `sa_dir` (where a pod's ServiceAccount token is mounted)
-    are for tests.
+    `env` (default: the process's; where the API server's address and a kubeconfig are found) and
+    `sa_dir` (where a pod's ServiceAccount token is mounted) are for tests.
     """
     env = os.environ if env is None else env
-    tgt = target(cfg, env)
+    tgt = target(cfg, ident)
     if tgt is None:
         return None
     try:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 import prometheus_client
 from prometheus_client import core, registry
 
-from plrl_workers import coordinator
+from plrl_workers import protocol
 
 
 class RateMeter:
@@ -141,7 +141,7 @@ class WorkerMetrics:
         self.lag.labels("mean").set(mean)
         self.lag.labels("max").set(max_)
 
-    def watch_coordinator(self, stats: Callable[[], coordinator.Stats]) -> None:
+    def watch_coordinator(self, stats: Callable[[], protocol.Stats]) -> None:
         """Export the coordinator's queue, buffer, lease, accounting and refusal numbers."""
         self.registry.register(_CoordinatorCollector(stats))
 
@@ -151,7 +151,7 @@ class WorkerMetrics:
 
 
 class _CoordinatorCollector(registry.Collector):
-    def __init__(self, stats: Callable[[], coordinator.Stats]) -> None:
+    def __init__(self, stats: Callable[[], protocol.Stats]) -> None:
         self._stats = stats
 
     def collect(self) -> Iterator[core.Metric]:
@@ -175,7 +175,7 @@ class _CoordinatorCollector(registry.Collector):
             "Prompt accounting: issued = trained + dropped_by_lag + the rest.",
             labels=["state"],
         )
-        for state, value in dataclasses.asdict(a).items():
+        for state, value in a.model_dump().items():
             prompts.add_metric([state], value)
         yield prompts
         leases = core.CounterMetricFamily(

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from plrl_operator.policy import utilisation
+from plrl_api import utilisation
 
 # Dense bf16 tensor-core peaks (TFLOP/s) from vendor datasheets; the first name fragment that
 # matches the device name wins, so the more specific names come first.

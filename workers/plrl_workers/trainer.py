@@ -1,7 +1,7 @@
 """The trainer role: data-parallel RL steps on rollouts as they arrive; rank 0 also coordinates.
 
-One process per trainer rank (`python -m plrl_workers.trainer --config /etc/plrl/trainer.json`; a
-pod with several accelerators starts one rank per accelerator, like torchrun). Rank 0 runs the
+One process per trainer rank (`plrl-worker --role trainer --config /etc/plrl/trainer.json`; a pod
+with several accelerators starts one rank per accelerator, like torchrun). Rank 0 runs the
 job's coordinator: the gRPC service generators lease prompts from and stream rollouts to, the
 weight broadcaster, and the run's metrics log. Every optimizer step:
 
@@ -21,9 +21,7 @@ Neighbours: `coordinator.py`, `rpc/server.py`, `weight_sync/sender.py`, `rl/step
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 import os
 import pathlib
@@ -38,13 +36,15 @@ import numpy
 import torch
 import torch.distributed as dist
 
-from plrl_workers import checkpoint, coordinator, heartbeat, metrics, report, types
-from plrl_workers import config as config_mod
+from plrl_api import identity, names, records, worker_config
+from plrl_workers import checkpoint, heartbeat, metrics, protocol
+from plrl_workers.coordinator import core as coordinator
 from plrl_workers.engines import base as engines
-from plrl_workers.engines import training
+from plrl_workers.engines import factory, training
 from plrl_workers.rl import step as rl_step
 from plrl_workers.rpc import server as rpc_server
 from plrl_workers.tasks import base as tasks
+from plrl_workers.tasks import registry
 from plrl_workers.weight_sync import sender, snapshot
 
 log = logging.getLogger("plrl.trainer")
@@ -52,34 +52,48 @@ log = logging.getLogger("plrl.trainer")
 TAKE_TIMEOUT_S = 5.0
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RankInfo:
+    """This process's place in the trainer group (from `Identity` and the pod plan)."""
+
     rank: int
     world_size: int
     local_rank: int
 
-
-def model_dir(cfg: config_mod.WorkerConfig) -> str:
-    return cfg.local.model_dir if cfg.local is not None else cfg.spec.model.name
-
-
-def checkpoint_root(cfg: config_mod.WorkerConfig) -> pathlib.Path:
-    if cfg.local is not None:
-        return pathlib.Path(cfg.local.run_dir) / "checkpoints"
-    return pathlib.Path(cfg.spec.training.checkpoint.path)
+    @staticmethod
+    def of(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> RankInfo:
+        return RankInfo(
+            rank=ident.rank(cfg.plan.gpus_per_trainer),
+            world_size=cfg.plan.trainer_gpus,
+            local_rank=ident.local_rank or 0,
+        )
 
 
-def batch_stats(groups: list[types.RolloutGroup], version: int) -> dict[str, float]:
-    """Reward, lag and version mixing of one optimizer batch, as the run's metrics log reports them."""
-    samples = [s for g in groups for s in g.samples]
-    versions = numpy.concatenate([numpy.zeros(0, numpy.int32)] + [s.versions for s in samples])
-    return {
-        "reward_mean": sum(s.reward for s in samples) / len(samples) if samples else float("nan"),
-        "lag_mean": float(version - versions.mean()) if len(versions) else 0.0,
-        "lag_max": int(version - versions.min()) if len(versions) else 0,
-        "mixed_version_samples": sum(1 for s in samples if len(numpy.unique(s.versions)) > 1),
-        "completion_tokens": sum(len(s.token_ids) for s in samples),
-    }
+@dataclasses.dataclass(frozen=True)
+class BatchStats:
+    """Reward, lag and version mixing of one optimizer batch (the StepRecord fields it fills)."""
+
+    reward_mean: float | None
+    lag_mean: float
+    lag_max: int
+    mixed_version_samples: int
+    completion_tokens: int
+
+    @staticmethod
+    def of(groups: list[protocol.RolloutGroup], version: int) -> BatchStats:
+        samples = [s for g in groups for s in g.samples]
+        versions = numpy.concatenate([numpy.zeros(0, numpy.int32)] + [s.versions for s in samples])
+        return BatchStats(
+            reward_mean=sum(s.reward for s in samples) / len(samples) if samples else None,
+            lag_mean=float(version - versions.mean()) if len(versions) else 0.0,
+            lag_max=int(version - versions.min()) if len(versions) else 0,
+            mixed_version_samples=sum(1 for s in samples if len(numpy.unique(s.versions)) > 1),
+            completion_tokens=sum(len(s.token_ids) for s in samples),
+        )
+
+
+# Train-step metrics that have a field of their own in `records.StepRecord`; the rest go to `details`.
+_TYPED_METRICS = frozenset({"loss", "ess", "input_tokens", "version"})
 
 
 class Coordination:
@@ -87,8 +101,8 @@ class Coordination:
 
     def __init__(
         self,
-        cfg: config_mod.WorkerConfig,
-        ident: config_mod.Identity,
+        cfg: worker_config.WorkerConfig,
+        ident: identity.Identity,
         state: dict[str, Any] | None,
         prompt_budget: int,
     ) -> None:
@@ -96,8 +110,8 @@ class Coordination:
 
         spec = cfg.spec
         self.cfg = cfg
-        tokenizer = transformers.AutoTokenizer.from_pretrained(spec.model.tokenizer or model_dir(cfg))
-        task = tasks.from_spec(spec.task, base_dir=cfg.local.run_dir if cfg.local else ".")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(spec.model.tokenizer or cfg.paths.model_dir)
+        task = registry.from_spec(spec.task, cfg.paths.dataset_file)
         start = int(state["next_index"]) if state else 0
         source = tasks.to_prompts(task, tokenizer, spec.task.seed, start=start)
         g = spec.generation.samples_per_prompt
@@ -115,12 +129,12 @@ class Coordination:
             state=state,
             skip_source=False,
         )
-        _, port = config_mod.split_host_port(cfg.endpoints.coordinator)
+        _, port = worker_config.split_host_port(cfg.endpoints.coordinator)
         self.snapshots = snapshot.SnapshotStore()
         self.server = rpc_server.serve(
             self.coord, token=ident.token, snapshots=self.snapshots, host=ident.bind_host, port=port
         )
-        ws_host, ws_port = config_mod.split_host_port(cfg.endpoints.weight_sync)
+        ws_host, ws_port = worker_config.split_host_port(cfg.endpoints.weight_sync)
         self.broadcaster = sender.WeightBroadcaster(
             advertise_host=ws_host,
             port=ws_port,
@@ -131,18 +145,18 @@ class Coordination:
         self.metrics = metrics.WorkerMetrics("trainer")
         self.metrics.watch_coordinator(self.coord.stats)
         self.metrics_endpoint = self.metrics.serve(
-            ident.metrics_port or cfg.ports.metrics, host=ident.bind_host
+            ident.metrics_port or cfg.endpoints.metrics_port, host=ident.bind_host
         )
-        self.run_dir = pathlib.Path(cfg.local.run_dir) if cfg.local else None
+        self.run_dir = pathlib.Path(cfg.paths.run_dir) if cfg.paths.run_dir else None
         # The clock starts when the first batch is in: worker start-up (imports, engine warm-up)
         # is a fixed cost that would otherwise dominate short runs and skew mode comparisons.
         self.started: float | None = None
         self.generated_tokens = 0
         self.trained_tokens = 0
-        self.last_row: dict[str, Any] | None = None  # read by the heartbeat thread
+        self.last_record: records.StepRecord | None = None  # read by the heartbeat thread
 
-    def take(self, n_groups: int, stop: threading.Event) -> list[types.RolloutGroup]:
-        groups: list[types.RolloutGroup] = []
+    def take(self, n_groups: int, stop: threading.Event) -> list[protocol.RolloutGroup]:
+        groups: list[protocol.RolloutGroup] = []
         while len(groups) < n_groups and not stop.is_set():
             groups += self.coord.take(n_groups - len(groups), timeout_s=TAKE_TIMEOUT_S)
             if self.coord.stats().finished:
@@ -165,41 +179,50 @@ class Coordination:
     def log_step(
         self,
         step: int,
-        stats: dict[str, float],
+        batch: BatchStats,
         train_metrics: dict[str, float],
         step_s: float,
         busy_s: float,
-    ) -> None:
+    ) -> records.StepRecord:
         if self.started is None:
             self.started = time.monotonic() - busy_s
         elapsed = time.monotonic() - self.started
-        self.generated_tokens += int(stats["completion_tokens"])
-        self.trained_tokens += int(train_metrics.get("input_tokens", 0))
-        acct = self.coord.stats().accounting
-        row = {
-            "step": step,
-            "version": int(train_metrics.get("version", step)),
-            "elapsed_s": round(elapsed, 3),
-            "step_s": round(step_s, 4),
-            "busy_s": round(busy_s, 4),
-            **{k: v for k, v in stats.items() if k != "completion_tokens"},
+        trained = train_metrics.get("input_tokens", 0.0)
+        self.generated_tokens += batch.completion_tokens
+        self.trained_tokens += int(trained)
+        record = records.StepRecord(
+            step=step,
+            version=int(train_metrics.get("version", step)),
+            elapsed_s=round(elapsed, 3),
+            step_s=round(step_s, 4),
+            busy_s=round(busy_s, 4),
+            reward_mean=batch.reward_mean,
+            lag_mean=batch.lag_mean,
+            lag_max=batch.lag_max,
+            mixed_version_samples=batch.mixed_version_samples,
+            completion_tokens=batch.completion_tokens,
             # Whole-run averages (comparable between pipeline and conventional runs) ...
-            "generated_tokens_per_s": self.generated_tokens / elapsed if elapsed > 0 else 0.0,
-            "trained_tokens_per_s": self.trained_tokens / elapsed if elapsed > 0 else 0.0,
+            generated_tokens_per_s=self.generated_tokens / elapsed if elapsed > 0 else 0.0,
+            trained_tokens_per_s=self.trained_tokens / elapsed if elapsed > 0 else 0.0,
             # ... and what the trainers manage while busy (the autoscaler's r_train).
-            "train_busy_tokens_per_s": train_metrics.get("input_tokens", 0.0) / busy_s if busy_s > 0 else 0.0,
-            **{k: v for k, v in train_metrics.items() if k not in ("version",)},
-            "prompts": dataclasses.asdict(acct),
-        }
-        self.metrics.reward.set(stats["reward_mean"])
-        self.metrics.observe_lag(stats["lag_mean"], stats["lag_max"])
-        self.metrics.weight_version.set(train_metrics.get("version", step))
-        self.metrics.add_trained_tokens(int(train_metrics.get("input_tokens", 0)))
+            train_busy_tokens_per_s=trained / busy_s if busy_s > 0 else 0.0,
+            input_tokens=trained,
+            loss=train_metrics["loss"],
+            ess=train_metrics["ess"],
+            prompts=self.coord.stats().accounting,
+            details={k: v for k, v in train_metrics.items() if k not in _TYPED_METRICS},
+        )
+        if batch.reward_mean is not None:
+            self.metrics.reward.set(batch.reward_mean)
+        self.metrics.observe_lag(batch.lag_mean, batch.lag_max)
+        self.metrics.weight_version.set(record.version)
+        self.metrics.add_trained_tokens(int(trained))
         self.metrics.step_seconds.observe(step_s)
-        self.last_row = row
+        self.last_record = record
         if self.run_dir is not None:
-            with (self.run_dir / report.METRICS_FILE).open("a") as f:
-                f.write(json.dumps(row, default=float) + "\n")
+            with (self.run_dir / records.METRICS_FILE).open("a") as f:
+                f.write(record.to_json() + "\n")
+        return record
 
     def close(self) -> None:
         self.coord.stop("training finished")
@@ -208,10 +231,10 @@ class Coordination:
         self.metrics_endpoint.close()
 
 
-def _broadcast_groups(groups: list[types.RolloutGroup] | None, rank: int) -> list[types.RolloutGroup]:
+def _broadcast_groups(groups: list[protocol.RolloutGroup] | None, rank: int) -> list[protocol.RolloutGroup]:
     box: list[Any] = [groups if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    out: list[types.RolloutGroup] = box[0]
+    out: list[protocol.RolloutGroup] = box[0]
     return out
 
 
@@ -224,8 +247,8 @@ class TrainLoop:
 
     def __init__(
         self,
-        cfg: config_mod.WorkerConfig,
-        ident: config_mod.Identity,
+        cfg: worker_config.WorkerConfig,
+        ident: identity.Identity,
         ranks: RankInfo,
         stop: threading.Event,
         *,
@@ -233,8 +256,14 @@ class TrainLoop:
     ) -> None:
         spec = cfg.spec
         self.cfg, self.ranks, self.stop = cfg, ranks, stop
-        self.engine = training.create(training.TrainEngineConfig.from_spec(spec, model_dir(cfg)))
-        self.ckpt_root = checkpoint_root(cfg)
+        host, port = worker_config.split_host_port(cfg.endpoints.rendezvous)
+        training.init_distributed(
+            training.Rendezvous(host, port, ranks.rank, ranks.world_size, ranks.local_rank)
+        )
+        self.engine = factory.training_engine(
+            training.TrainEngineConfig.from_spec(spec, cfg.paths.model_dir, local_rank=ranks.local_rank)
+        )
+        self.ckpt_root = pathlib.Path(cfg.paths.checkpoint_dir)
         meta = checkpoint.resume(self.engine, self.ckpt_root)
         self.step = meta.step if meta else 0
         if meta:
@@ -249,19 +278,19 @@ class TrainLoop:
         self.rl_cfg = rl_step.RLConfig.from_spec(spec)
         self.closing = False
         # One Lease per pod, so only its first rank renews it (a no-op outside a cluster).
-        self.heartbeat = heartbeat.start(cfg, self.heartbeat_report) if ranks.local_rank == 0 else None
+        self.heartbeat = heartbeat.start(cfg, ident, self.heartbeat_report) if ranks.local_rank == 0 else None
 
     @property
     def done(self) -> bool:
         return self.step >= self.total_steps
 
-    def heartbeat_report(self) -> heartbeat.Report:
+    def heartbeat_report(self) -> records.WorkerReport:
         """This rank's Lease annotations; rank 0's carry the job's progress (called by the heartbeat)."""
         hub = self.hub
         if hub is None:
-            return heartbeat.Report(role="trainer", weight_version=self.engine.version)
+            return records.WorkerReport(role=names.TRAINER, weight_version=self.engine.version)
         return heartbeat.trainer_report(
-            hub.last_row,
+            hub.last_record,
             step=self.step,
             weight_version=self.engine.version,
             # Only once the last step is checkpointed and the loop is shutting down: the operator
@@ -302,7 +331,7 @@ class TrainLoop:
         if hub is not None:
             hub.coord.finish_step(engine.version, dropped=prepared.prompts_dropped)
             now = time.perf_counter()
-            hub.log_step(self.step, batch_stats(groups, version), out, now - t0, now - t_busy)
+            hub.log_step(self.step, BatchStats.of(groups, version), out, now - t0, now - t_busy)
         ckpt = self.cfg.spec.training.checkpoint
         if self.step % ckpt.every_steps == 0 or self.done:
             extra = {"coordinator": hub.coord.export_state()} if hub else {}
@@ -312,7 +341,7 @@ class TrainLoop:
                 self.step,
                 extra=extra,
                 keep=ckpt.keep,
-                tokenizer_from=model_dir(self.cfg),
+                tokenizer_from=self.cfg.paths.model_dir,
             )
         return True
 
@@ -331,7 +360,7 @@ class TrainLoop:
 
 
 def train(
-    cfg: config_mod.WorkerConfig, ident: config_mod.Identity, ranks: RankInfo, stop: threading.Event
+    cfg: worker_config.WorkerConfig, ident: identity.Identity, ranks: RankInfo, stop: threading.Event
 ) -> int:
     """Pipeline mode: train as rollouts arrive and send new weights every k steps."""
     loop = TrainLoop(cfg, ident, ranks, stop)
@@ -349,25 +378,15 @@ def train(
     return 0 if loop.done or stop.is_set() else 1
 
 
-def rank_info(env: dict[str, str]) -> RankInfo | None:
-    """This process's rank, or None when it must first start one process per local accelerator."""
-    nproc = int(env.get("NPROC_PER_NODE", "1"))
-    if "RANK" in env:
-        return RankInfo(int(env["RANK"]), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
-    node = int(env.get("NODE_RANK", env.get("PLRL_POD_INDEX", "0")))
-    if nproc == 1:
-        return RankInfo(node, int(env.get("WORLD_SIZE", "1")), 0)
-    return None
-
-
-def _spawn_local_ranks(argv: list[str]) -> int:
+def spawn_local_ranks(argv: list[str], gpus: int) -> int:
     """A pod with several accelerators: one process per accelerator, torchrun-style."""
-    nproc = int(os.environ["NPROC_PER_NODE"])
-    node = int(os.environ.get("NODE_RANK", os.environ.get("PLRL_POD_INDEX", "0")))
-    procs = []
-    for local in range(nproc):
-        env = {**os.environ, "RANK": str(node * nproc + local), "LOCAL_RANK": str(local)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "plrl_workers.trainer", *argv], env=env))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "plrl_workers", *argv],
+            env={**os.environ, names.ENV_LOCAL_RANK: str(local)},
+        )
+        for local in range(gpus)
+    ]
 
     def forward_term(*_: object) -> None:
         for p in procs:
@@ -378,23 +397,15 @@ def _spawn_local_ranks(argv: list[str]) -> int:
     return max(codes, key=abs)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m plrl_workers.trainer", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="worker config JSON (/etc/plrl/trainer.json)")
-    args = ap.parse_args(argv)
-    ranks = rank_info(dict(os.environ))
-    if ranks is None:
-        return _spawn_local_ranks(argv)
+def main(cfg: worker_config.WorkerConfig, ident: identity.Identity, argv: list[str]) -> int:
+    """The trainer role (`plrl-worker --role trainer`; `argv` is what this process was started with)."""
+    gpus = cfg.plan.gpus_per_trainer
+    if ident.local_rank is None and gpus > 1:
+        return spawn_local_ranks(argv, gpus)
+    ranks = RankInfo.of(cfg, ident)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rank{ranks.rank} %(name)s %(levelname)s %(message)s"
     )
-    cfg = config_mod.load(args.config)
-    ident = config_mod.Identity.from_env(cfg)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     return train(cfg, ident, ranks, stop)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

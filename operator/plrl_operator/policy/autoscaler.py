@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from plrl_operator.policy import planner, types
 
 if TYPE_CHECKING:
-    from plrl_operator import spec as spec_mod
+    from plrl_api import spec as spec_mod
 
 Action = types.ScaleAction
 _ONE_TOKEN = planner.Lengths(1)  # placeholder lengths; only used with a lag limit, set from the job

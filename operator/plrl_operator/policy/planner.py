@@ -19,10 +19,11 @@ import math
 import random
 from typing import TYPE_CHECKING, Literal
 
-from plrl_operator.policy import types, utilisation
+from plrl_api import utilisation
+from plrl_operator.policy import types
 
 if TYPE_CHECKING:  # only annotations: `plrl plan` without a job file need not build the spec models
-    from plrl_operator import spec as spec_mod
+    from plrl_api import spec as spec_mod
 
 # tau of the paper's worked example: conventional r_train = N / tau = 26.02 at N = 128 (about 61%
 # training MFU, since a trained token costs about 3 forward passes). Used when the curve has none.

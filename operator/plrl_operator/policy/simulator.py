@@ -29,7 +29,8 @@ import heapq
 import math
 import random
 
-from plrl_operator.policy import autoscaler, planner, types, utilisation
+from plrl_api import utilisation
+from plrl_operator.policy import autoscaler, planner, types
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,30 +13,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from plrl_operator import spec as spec_mod
+from plrl_api import names, plan
+from plrl_api import spec as spec_mod
 from plrl_operator.render import common, config, workers
 
 
 def render(
-    job: spec_mod.PipelineRLJob, generators: int, *, token: str = common.TOKEN_PLACEHOLDER
+    job: spec_mod.PipelineRLJob,
+    generators: int,
+    *,
+    token: str = common.TOKEN_PLACEHOLDER,
+    stopped: bool = False,
 ) -> list[dict[str, Any]]:
     """Every child object of `job` with I = `generators` accelerators generating.
 
     `token` is the job's RPC token; the operator passes the live Secret's value (or a fresh random
-    one at creation). The default placeholder is for `plrl render` and golden tests.
+    one at creation). The default placeholder is for `plrl render` and golden tests. `stopped`
+    (the job succeeded or failed) scales both StatefulSets to zero, like `spec.suspend`.
     """
-    plan = common.Plan.of(job.spec, generators)
-    cm = config.config_map(job, plan)
+    pod_plan = plan.PodPlan.of(job.spec, generators)
+    cm = config.config_map(job, pod_plan)
     config_hash = common.content_hash(cm["data"])
     objects: list[dict[str, Any]] = [cm, config.token_secret(job, token)]
     if job.spec.resources.service_account_name is None:
         objects += config.worker_rbac(job)
-    objects += [workers.service(job, role) for role in common.ROLES]
-    objects += [workers.statefulset(job, plan, role, config_hash) for role in common.ROLES]
+    objects += [workers.service(job, role) for role in names.ROLES]
+    objects += [workers.statefulset(job, pod_plan, role, config_hash, stopped) for role in names.ROLES]
     # The Secret is create-only (see render.config); a digest of the token would only leak.
     return [
         obj
-        if common.ANNOTATION_CREATE_ONLY in obj["metadata"].get("annotations", {})
+        if names.ANNOTATION_CREATE_ONLY in obj["metadata"].get("annotations", {})
         else common.with_hash(obj)
         for obj in objects
     ]

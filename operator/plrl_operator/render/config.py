@@ -1,8 +1,9 @@
 """The job's non-pod objects: resolved-config ConfigMap, RPC-token Secret, worker RBAC.
 
-The ConfigMap holds one JSON file per role (`/etc/plrl/<role>.json`): the fully defaulted spec,
-the plan (how many pods of each role) and the endpoints a worker needs to find its peers, all
-derived from the job. Workers read only that file and their env; nothing is passed by hostfile.
+The ConfigMap holds one `plrl_api.worker_config.WorkerConfig` per role (`/etc/plrl/<role>.json`):
+the fully defaulted spec, the pod plan, the endpoints a worker finds its peers at (the headless
+Services' DNS names) and the paths of its files in the pod. Workers read only that file and their
+env; nothing is passed by hostfile.
 
 Secret: the per-job token every worker RPC must carry. It is random and therefore cannot be a
 pure function of the job; `render` takes it as an argument and the operator creates the Secret
@@ -14,75 +15,63 @@ Neighbours: `render.common` (names, labels), `render.workers` (pods that mount t
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from plrl_operator import spec as spec_mod
+from plrl_api import names, plan, worker_config
+from plrl_api import spec as spec_mod
 from plrl_operator.render import common
 
-
-def _dns(names: common.Names, namespace: str, role: str, pod_index: int | None = None) -> str:
-    """A headless Service's (or one of its pods') DNS name inside the cluster."""
-    svc = names.role(role)
-    host = f"{svc}-{pod_index}.{svc}" if pod_index is not None else svc
-    return f"{host}.{namespace}.svc"
+DATASET_DIR = f"{names.CONFIG_DIR}/dataset"
+"""Where a dataset ConfigMap is mounted (`render.workers`)."""
 
 
-def worker_config(job: spec_mod.PipelineRLJob, plan: common.Plan, role: str) -> dict[str, Any]:
-    """What `/etc/plrl/<role>.json` holds: everything a worker needs besides its pod index and token."""
-    names = common.Names(job.metadata.name)
-    ns = job.metadata.namespace or "default"
-    return {
-        "role": role,
-        "job": {"name": job.metadata.name, "namespace": job.metadata.namespace, "uid": job.metadata.uid},
-        # suspend is the operator's business; leaving it out keeps a suspend/resume from rolling pods.
-        "spec": job.spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"suspend"}),
-        "plan": {
-            "generatorGPUs": plan.generator_gpus,
-            "trainerGPUs": plan.trainer_gpus,
-            "generatorPods": plan.generator_pods,
-            "trainerPods": plan.trainer_pods,
-        },
-        "endpoints": {
-            "coordinator": f"{_dns(names, ns, common.TRAINER, 0)}:{common.PORT_RPC}",
-            "rendezvous": f"{_dns(names, ns, common.TRAINER, 0)}:{common.PORT_RENDEZVOUS}",
-            "weightSync": f"{_dns(names, ns, common.TRAINER, 0)}:{common.PORT_WEIGHT_SYNC}",
-            "generatorService": _dns(names, ns, common.GENERATOR),
-            "trainerService": _dns(names, ns, common.TRAINER),
-        },
-        "ports": {
-            "rpc": common.PORT_RPC,
-            "rendezvous": common.PORT_RENDEZVOUS,
-            "weightSync": common.PORT_WEIGHT_SYNC,
-            "metrics": common.PORT_METRICS,
-        },
-        "tokenEnv": "PLRL_TOKEN",
-        "lease": {"namePrefix": f"{job.metadata.name}-", "labels": {common.LABEL_JOB: job.metadata.name}},
-    }
+def endpoints(job: spec_mod.PipelineRLJob) -> worker_config.Endpoints:
+    """Peers by the headless Services' DNS names: trainer-0 hosts the coordinator and both stores."""
+    trainer0 = names.Names(job.metadata.name).dns(job.metadata.namespace or "default", names.TRAINER, 0)
+    return worker_config.Endpoints(
+        coordinator=f"{trainer0}:{names.PORT_RPC}",
+        rendezvous=f"{trainer0}:{names.PORT_RENDEZVOUS}",
+        weight_sync=f"{trainer0}:{names.PORT_WEIGHT_SYNC}",
+        metrics_port=names.PORT_METRICS,
+    )
 
 
-def config_map(job: spec_mod.PipelineRLJob, plan: common.Plan) -> dict[str, Any]:
+def paths(job: spec_mod.PipelineRLJob) -> worker_config.Paths:
+    """The pod's view of its files: the model and checkpoints where the spec mounts them."""
+    s = job.spec
+    ds = s.task.dataset
+    dataset: str | None = None
+    if ds is not None:
+        dataset = f"{DATASET_DIR}/{ds.config_map.key}" if ds.config_map is not None else ds.path
+    return worker_config.Paths(
+        model_dir=s.model.name, checkpoint_dir=s.training.checkpoint.path, dataset_file=dataset
+    )
+
+
+def config_map(job: spec_mod.PipelineRLJob, pod_plan: plan.PodPlan) -> dict[str, Any]:
     data = {
-        f"{role}.json": json.dumps(worker_config(job, plan, role), indent=2, sort_keys=True)
-        for role in common.ROLES
+        f"{role}.json": worker_config.dump(
+            worker_config.build(job, pod_plan, role, endpoints(job), paths(job))
+        )
+        for role in names.ROLES
     }
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": common.metadata(job, common.Names(job.metadata.name).config),
+        "metadata": common.metadata(job, names.Names(job.metadata.name).config),
         "data": data,
     }
 
 
 def token_secret(job: spec_mod.PipelineRLJob, token: str) -> dict[str, Any]:
-    meta = common.metadata(job, common.Names(job.metadata.name).token)
-    meta["annotations"] = {common.ANNOTATION_CREATE_ONLY: "true"}
+    meta = common.metadata(job, names.Names(job.metadata.name).token)
+    meta["annotations"] = {names.ANNOTATION_CREATE_ONLY: "true"}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": meta,
         "type": "Opaque",
-        "stringData": {common.TOKEN_KEY: token},
+        "stringData": {names.TOKEN_KEY: token},
     }
 
 
@@ -91,7 +80,7 @@ def worker_rbac(job: spec_mod.PipelineRLJob) -> list[dict[str, Any]]:
 
     `create` cannot be limited by name in RBAC, so the Role covers Leases in the namespace.
     """
-    name = common.Names(job.metadata.name).worker
+    name = names.Names(job.metadata.name).worker
     sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": common.metadata(job, name)}
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -1,8 +1,9 @@
 """The worker pods: one headless Service and one StatefulSet per role (generator, trainer).
 
-Each pod runs `python -m plrl_workers.<role> --config /etc/plrl/<role>.json`. Peers are found by
-the headless Services' DNS names and the StatefulSet pod index (downward API), never by
-hostfiles: trainer rank r is pod `<job>-train-r`, trainer-0 is rendezvous master and coordinator.
+Each pod runs `plrl-worker --role <role> --config /etc/plrl/<role>.json`. Peers are found by the
+headless Services' DNS names (in the config file) and the pod's StatefulSet ordinal (downward
+API), never by hostfiles: trainer pod k holds ranks k * gpusPerTrainer onwards, and trainer-0
+hosts the rendezvous, the coordinator and the weight-broadcast store.
 Both StatefulSets use Parallel pod management, because rendezvous needs every rank up at once,
 and publish not-ready addresses, because peers must resolve before anyone is Ready.
 
@@ -13,39 +14,40 @@ from __future__ import annotations
 
 from typing import Any
 
-from plrl_operator import spec as spec_mod
-from plrl_operator.render import common
+from plrl_api import names, plan
+from plrl_api import spec as spec_mod
+from plrl_operator.render import common, config
 
 
-def service(job: spec_mod.PipelineRLJob, role: str) -> dict[str, Any]:
+def service(job: spec_mod.PipelineRLJob, role: names.Role) -> dict[str, Any]:
     ports = [
-        {"name": "rpc", "port": common.PORT_RPC, "targetPort": common.PORT_RPC, "protocol": "TCP"},
+        {"name": "rpc", "port": names.PORT_RPC, "targetPort": names.PORT_RPC, "protocol": "TCP"},
         {
             "name": "metrics",
-            "port": common.PORT_METRICS,
-            "targetPort": common.PORT_METRICS,
+            "port": names.PORT_METRICS,
+            "targetPort": names.PORT_METRICS,
             "protocol": "TCP",
         },
     ]
-    if role == common.TRAINER:
+    if role == names.TRAINER:
         ports += [
             {
                 "name": "rendezvous",
-                "port": common.PORT_RENDEZVOUS,
-                "targetPort": common.PORT_RENDEZVOUS,
+                "port": names.PORT_RENDEZVOUS,
+                "targetPort": names.PORT_RENDEZVOUS,
                 "protocol": "TCP",
             },
             {
                 "name": "weight-sync",
-                "port": common.PORT_WEIGHT_SYNC,
-                "targetPort": common.PORT_WEIGHT_SYNC,
+                "port": names.PORT_WEIGHT_SYNC,
+                "targetPort": names.PORT_WEIGHT_SYNC,
                 "protocol": "TCP",
             },
         ]
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": common.metadata(job, common.Names(job.metadata.name).role(role), role),
+        "metadata": common.metadata(job, names.Names(job.metadata.name).role(role), role),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -55,62 +57,37 @@ def service(job: spec_mod.PipelineRLJob, role: str) -> dict[str, Any]:
     }
 
 
-def _env(job: spec_mod.PipelineRLJob, plan: common.Plan, role: str) -> list[dict[str, Any]]:
-    names = common.Names(job.metadata.name)
-    train = names.role(common.TRAINER)
-    master = f"{train}-0.{train}.$(PLRL_NAMESPACE).svc"
-    gpus = (
-        job.spec.resources.gpus_per_generator
-        if role == common.GENERATOR
-        else job.spec.resources.gpus_per_trainer
-    )
-    env: list[dict[str, Any]] = [
-        {"name": "PLRL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "PLRL_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+def _env(job: spec_mod.PipelineRLJob) -> list[dict[str, Any]]:
+    """Who the pod is (downward API) and the job's token; everything else is in the config file."""
+
+    def field(path: str) -> dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    return [
+        {"name": names.ENV_NAMESPACE, "valueFrom": field("metadata.namespace")},
+        {"name": names.ENV_POD_NAME, "valueFrom": field("metadata.name")},
+        {"name": names.ENV_POD_INDEX, "valueFrom": field(f"metadata.labels['{names.LABEL_POD_INDEX}']")},
         {
-            "name": "PLRL_POD_INDEX",
+            "name": names.ENV_TOKEN,
             "valueFrom": {
-                "fieldRef": {"fieldPath": f"metadata.labels['{common.STATEFULSET_POD_INDEX_LABEL}']"}
+                "secretKeyRef": {"name": names.Names(job.metadata.name).token, "key": names.TOKEN_KEY}
             },
         },
-        {"name": "PLRL_JOB", "value": job.metadata.name},
-        {"name": "PLRL_ROLE", "value": role},
-        {
-            "name": "PLRL_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": names.token, "key": common.TOKEN_KEY}},
-        },
-        {"name": "PLRL_COORDINATOR", "value": f"{master}:{common.PORT_RPC}"},
-        {"name": "PLRL_WEIGHT_SYNC_ADDR", "value": f"{master}:{common.PORT_WEIGHT_SYNC}"},
-        {"name": "PLRL_GPUS_PER_POD", "value": str(gpus)},
     ]
-    if role == common.TRAINER:
-        # torch.distributed's env:// rendezvous; NODE_RANK is this pod's StatefulSet ordinal.
-        env += [
-            {"name": "MASTER_ADDR", "value": master},
-            {"name": "MASTER_PORT", "value": str(common.PORT_RENDEZVOUS)},
-            {"name": "NNODES", "value": str(plan.trainer_pods)},
-            {"name": "NPROC_PER_NODE", "value": str(gpus)},
-            {"name": "NODE_RANK", "value": "$(PLRL_POD_INDEX)"},
-            {"name": "WORLD_SIZE", "value": str(plan.trainer_gpus)},
-        ]
-    else:
-        env += [
-            {"name": "PLRL_GENERATOR_PODS", "value": str(plan.generator_pods)},
-            {"name": "PLRL_TENSOR_PARALLEL", "value": str(gpus)},
-        ]
-    return env
 
 
-def _volumes(job: spec_mod.PipelineRLJob, role: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(
+    job: spec_mod.PipelineRLJob, role: names.Role
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, mounts): config files, the token-free /dev/shm, and the spec's PVCs."""
     s = job.spec
     volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": common.Names(job.metadata.name).config}},
+        {"name": "config", "configMap": {"name": names.Names(job.metadata.name).config}},
         # NCCL and vLLM move tensors through shared memory; the container default (64 MiB) is too small.
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
     ]
     mounts: list[dict[str, Any]] = [
-        {"name": "config", "mountPath": common.CONFIG_DIR, "readOnly": True},
+        {"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
 
@@ -130,41 +107,45 @@ def _volumes(job: spec_mod.PipelineRLJob, role: str) -> tuple[list[dict[str, Any
         pvc("dataset", dataset.volume)
     if dataset is not None and dataset.config_map is not None:
         volumes.append({"name": "dataset-cm", "configMap": {"name": dataset.config_map.name}})
-        mounts.append({"name": "dataset-cm", "mountPath": f"{common.CONFIG_DIR}/dataset", "readOnly": True})
-    if role == common.TRAINER and s.training.checkpoint.volume is not None:
+        mounts.append({"name": "dataset-cm", "mountPath": config.DATASET_DIR, "readOnly": True})
+    if role == names.TRAINER and s.training.checkpoint.volume is not None:
         pvc("checkpoints", s.training.checkpoint.volume)
     return volumes, mounts
 
 
 def statefulset(
-    job: spec_mod.PipelineRLJob, plan: common.Plan, role: str, config_hash: str
+    job: spec_mod.PipelineRLJob,
+    pod_plan: plan.PodPlan,
+    role: names.Role,
+    config_hash: str,
+    stopped: bool = False,
 ) -> dict[str, Any]:
     s = job.spec
-    names = common.Names(job.metadata.name)
-    gpus = s.resources.gpus_per_generator if role == common.GENERATOR else s.resources.gpus_per_trainer
+    child = names.Names(job.metadata.name)
+    gpus = pod_plan.gpus_per_pod(role)
     volumes, mounts = _volumes(job, role)
     ports = [
-        {"name": "rpc", "containerPort": common.PORT_RPC, "protocol": "TCP"},
-        {"name": "metrics", "containerPort": common.PORT_METRICS, "protocol": "TCP"},
+        {"name": "rpc", "containerPort": names.PORT_RPC, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": names.PORT_METRICS, "protocol": "TCP"},
     ]
-    if role == common.TRAINER:
+    if role == names.TRAINER:
         ports += [
-            {"name": "rendezvous", "containerPort": common.PORT_RENDEZVOUS, "protocol": "TCP"},
-            {"name": "weight-sync", "containerPort": common.PORT_WEIGHT_SYNC, "protocol": "TCP"},
+            {"name": "rendezvous", "containerPort": names.PORT_RENDEZVOUS, "protocol": "TCP"},
+            {"name": "weight-sync", "containerPort": names.PORT_WEIGHT_SYNC, "protocol": "TCP"},
         ]
     container: dict[str, Any] = {
         "name": role,
         "image": s.resources.image,
         "imagePullPolicy": s.resources.image_pull_policy,
-        "command": ["python", "-m", f"plrl_workers.{role}", "--config", f"{common.CONFIG_DIR}/{role}.json"],
-        "env": _env(job, plan, role),
+        "command": ["plrl-worker", "--role", role, "--config", names.config_file(role)],
+        "env": _env(job),
         "ports": ports,
         "resources": common.resources(s, gpus),
         "volumeMounts": mounts,
         "securityContext": {"allowPrivilegeEscalation": False},
     }
     pod_spec: dict[str, Any] = {
-        "serviceAccountName": s.resources.service_account_name or names.worker,
+        "serviceAccountName": s.resources.service_account_name or child.worker,
         "affinity": common.gpu_affinity(s),
         "containers": [container],
         "volumes": volumes,
@@ -179,17 +160,17 @@ def statefulset(
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": common.metadata(job, names.role(role), role),
+        "metadata": common.metadata(job, child.role(role), role),
         "spec": {
-            "serviceName": names.role(role),
-            "replicas": 0 if s.suspend else plan.pods(role),
+            "serviceName": child.role(role),
+            "replicas": 0 if s.suspend or stopped else pod_plan.pods(role),
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": common.selector(job, role)},
             "template": {
                 "metadata": {
                     "labels": common.labels(job, role),
                     # A config change alone would not restart pods; the hash makes it a template change.
-                    "annotations": {common.ANNOTATION_CONFIG_HASH: config_hash},
+                    "annotations": {names.ANNOTATION_CONFIG_HASH: config_hash},
                 },
                 "spec": pod_spec,
             },

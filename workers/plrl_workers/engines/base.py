@@ -7,23 +7,61 @@ keep their KV cache. Logprobs are defined once, in `engines/sampling.py`. Neighb
 `engines/torch_engine.py`, `engines/vllm_engine.py`, `weight_sync/` (where update tensors come
 from). The trainer role drives a `TrainingEngine` one micro-batch at a time
 (`rl/step.py:train_step`); implementations: `engines/deepspeed_engine.py`, `engines/ddp_engine.py`,
-built by `engines/training.py:create`.
+both built by `engines/factory.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import pathlib
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from plrl_workers import types
-
 if TYPE_CHECKING:
     import torch
 
-    from plrl_workers.weight_sync import base as ws_base
+    from plrl_workers import protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """What an engine needs to decode one sequence."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass
+class FinishedSequence:
+    """A completed sequence as an engine reports it.
+
+    `versions[i]` is the weight version that produced `token_ids[i]`, and `logprobs[i]` its
+    log-probability under that version (the behaviour policy). With in-flight updates the versions
+    inside one sequence may differ.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # "stop" (EOS/stop token) or "length"
+
+    def check(self) -> None:
+        """Raise ValueError if the per-token arrays disagree or hold non-finite logprobs."""
+        n = len(self.token_ids)
+        if len(self.logprobs) != n or len(self.versions) != n:
+            raise ValueError(
+                f"sequence {self.request_id}: {n} tokens but {len(self.logprobs)} logprobs "
+                f"and {len(self.versions)} versions"
+            )
+        if not all(math.isfinite(x) and x <= 0.0 for x in self.logprobs):
+            raise ValueError(f"sequence {self.request_id}: logprobs must be finite and <= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,21 +90,10 @@ class EngineOptions:
     """vLLM: skip CUDA graphs / torch.compile (faster start, slower decode)."""
 
 
-def create(kind: Literal["torch", "vllm"], options: EngineOptions) -> GenerationEngine:
-    """Build an engine; heavy imports happen here, not at import time."""
-    if kind == "torch":
-        from plrl_workers.engines import torch_engine
-
-        return torch_engine.TorchEngine(options)
-    from plrl_workers.engines import vllm_engine
-
-    return vllm_engine.VllmEngine(options)
-
-
 def validate_request(
     request_id: str,
     prompt_token_ids: list[int],
-    params: types.SamplingParams,
+    params: SamplingParams,
     max_model_len: int,
     live: Collection[str],
 ) -> None:
@@ -111,11 +138,11 @@ class GenerationEngine(Protocol):
         """Version of the weights the next step decodes with (0 = initial weights)."""
         ...
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: types.SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Queue a sequence; it starts decoding at the next step (prefill included)."""
         ...
 
-    def step(self) -> list[types.FinishedSequence]:
+    def step(self) -> list[FinishedSequence]:
         """Advance every in-flight sequence by one token; return the ones that finished."""
         ...
 
@@ -140,12 +167,12 @@ class GenerationEngine(Protocol):
         """
         ...
 
-    def join_weight_group(self, group: ws_base.GroupInfo) -> None:
+    def join_weight_group(self, group: protocol.GroupInfo) -> None:
         """Join the trainer's broadcast group, leaving a different one first (no-op if already in
         `group`). vLLM joins inside each of its workers, so tensors never cross processes."""
         ...
 
-    def receive_weights(self, ann: ws_base.Announcement) -> None:
+    def receive_weights(self, ann: protocol.Announcement) -> None:
         """Receive the broadcast `ann` announces and load it as `update_weights` would.
 
         If it fails midway (`groups.GroupAborted` comes before any tensor; a dead peer may come

@@ -35,7 +35,7 @@ class DDPEngine:
         self._cfg = cfg
         self._rank = dist.get_rank()
         self._world = dist.get_world_size()
-        self._device = training.device()
+        self._device = training.device(cfg.local_rank)
         self._model = training.load_model(cfg, self._device)
         self._ddp = DistributedDataParallel(
             self._model,

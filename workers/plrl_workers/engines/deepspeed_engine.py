@@ -65,7 +65,7 @@ class DeepSpeedEngine:
             raise ValueError(f"training.zeroStage={cfg.zero_stage} must be 1 or 2")
         deepspeed = _prepare_deepspeed_import()
         self._cfg = cfg
-        self._device = training.device()
+        self._device = training.device(cfg.local_rank)
         deepspeed.init_distributed(dist_backend=dist.get_backend())
         self._rank = dist.get_rank()
         self._world = dist.get_world_size()

@@ -33,11 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from plrl_workers import types
+from plrl_workers import protocol
 from plrl_workers.engines import base, sampling
 
 if TYPE_CHECKING:
-    from plrl_workers.weight_sync import base as ws_base
     from plrl_workers.weight_sync import receiver as ws_receiver
 
 
@@ -45,7 +44,7 @@ if TYPE_CHECKING:
 class _Seq:
     request_id: str
     prompt: tuple[int, ...]
-    params: types.SamplingParams
+    params: base.SamplingParams
     generator: torch.Generator | None
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -124,7 +123,7 @@ class TorchEngine:
     def weight_version(self) -> int:
         return self._version
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: types.SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: base.SamplingParams) -> None:
         base.validate_request(request_id, prompt_token_ids, params, self.max_model_len, self._live)
         gen = None
         if params.seed is not None:
@@ -145,7 +144,7 @@ class TorchEngine:
         self._slots = [None if s is seq else s for s in self._slots]
 
     @torch.inference_mode()
-    def step(self) -> list[types.FinishedSequence]:
+    def step(self) -> list[base.FinishedSequence]:
         done = self._decode()
         done += self._prefill()
         return done
@@ -164,7 +163,7 @@ class TorchEngine:
             param.copy_(tensor)
         self._version = version
 
-    def join_weight_group(self, group: ws_base.GroupInfo) -> None:
+    def join_weight_group(self, group: protocol.GroupInfo) -> None:
         from plrl_workers.weight_sync import receiver
 
         if self._receiver is not None:
@@ -174,7 +173,7 @@ class TorchEngine:
         device = "cpu" if group.backend == "gloo" else str(self._device)
         self._receiver = receiver.WeightReceiver(group, device)
 
-    def receive_weights(self, ann: ws_base.Announcement) -> None:
+    def receive_weights(self, ann: protocol.Announcement) -> None:
         if self._receiver is None:
             raise RuntimeError("receive_weights: join_weight_group first")
         base.check_version(self._version, ann.version)  # before the handshake commits us to receive
@@ -201,7 +200,7 @@ class TorchEngine:
 
     # ------------------------------------------------------------------ internals
 
-    def _decode(self) -> list[types.FinishedSequence]:
+    def _decode(self) -> list[base.FinishedSequence]:
         occupied = [i for i, s in enumerate(self._slots) if s is not None]
         if not occupied:
             return []
@@ -226,7 +225,7 @@ class TorchEngine:
         rows = torch.tensor(occupied, device=dev)
         return self._sample_and_finish(hidden[rows], occupied)
 
-    def _prefill(self) -> list[types.FinishedSequence]:
+    def _prefill(self) -> list[base.FinishedSequence]:
         free = [i for i, s in enumerate(self._slots) if s is None]
         admitted = []
         while free and self._waiting:
@@ -266,7 +265,7 @@ class TorchEngine:
         hidden: torch.Tensor = out.last_hidden_state
         return hidden
 
-    def _sample_and_finish(self, hidden: torch.Tensor, slots: list[int]) -> list[types.FinishedSequence]:
+    def _sample_and_finish(self, hidden: torch.Tensor, slots: list[int]) -> list[base.FinishedSequence]:
         seqs = [s for s in (self._slots[i] for i in slots) if s is not None]
         logits = self._lm_head(hidden)
         dev = self._device
@@ -296,6 +295,6 @@ class TorchEngine:
                 self._slots[slot] = None
                 del self._live[s.request_id]
                 finished.append(
-                    types.FinishedSequence(s.request_id, s.prompt, s.tokens, s.logprobs, s.versions, reason)
+                    base.FinishedSequence(s.request_id, s.prompt, s.tokens, s.logprobs, s.versions, reason)
                 )
         return finished

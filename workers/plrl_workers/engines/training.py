@@ -1,13 +1,14 @@
 """What both training backends share: their settings, the process group, the model and optimizer.
 
-`create(cfg)` returns the `TrainingEngine` the spec asks for (`training.backend`). Both backends load
-the model the same way (fp32 master weights; transformers names), and use the same optimizer:
-`torch.optim.AdamW` (single parameter group, so weight decay also applies to norms and biases).
+`engines.factory.training_engine(cfg)` builds the backend the spec asks for (`training.backend`).
+Both backends load the model the same way (fp32 master weights; transformers names), and use the
+same optimizer: `torch.optim.AdamW` (single parameter group, so weight decay also applies to norms
+and biases).
 DeepSpeed gets that torch optimizer rather than its own CPU/fused Adam: the math is the same
 AdamW, it needs no C++ op build, and it makes the two backends agree to float rounding.
 
-The process group is the trainer ranks' default group, set up from the usual environment
-(`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `LOCAL_RANK`): gloo on CPU, NCCL on CUDA.
+The process group is the trainer ranks' default group, joined at the `Rendezvous` the worker config
+names (trainer rank 0's store): gloo on CPU, NCCL on CUDA.
 
 Neighbours: `engines/base.py` (the protocol), `engines/ddp_engine.py`, `engines/deepspeed_engine.py`,
 `checkpoint.py` (copies the tokenizer next to saved weights).
@@ -17,15 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
 import pathlib
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import torch
 
-    from plrl_operator import spec as spec_mod
-    from plrl_workers.engines import base
+    from plrl_api import spec as spec_mod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +44,11 @@ class TrainEngineConfig:
     eps: float = 1e-8
     seed: int = 0
     attn_implementation: str = "sdpa"
+    local_rank: int = 0
+    """Which of the pod's accelerators this rank drives (CUDA device index)."""
 
     @classmethod
-    def from_spec(cls, spec: spec_mod.JobSpec, model_path: str) -> TrainEngineConfig:
+    def from_spec(cls, spec: spec_mod.JobSpec, model_path: str, local_rank: int = 0) -> TrainEngineConfig:
         t = spec.training
         return cls(
             model_path=model_path,
@@ -58,11 +59,23 @@ class TrainEngineConfig:
             gradient_clipping=t.gradient_clipping,
             dtype=spec.model.dtype,
             seed=t.seed,
+            local_rank=local_rank,
         )
 
 
-def init_distributed(timeout_s: float = 600.0) -> None:
-    """Join the trainer group from the environment, or form a group of one if there is none."""
+@dataclasses.dataclass(frozen=True)
+class Rendezvous:
+    """Where and as whom a trainer rank joins the default process group."""
+
+    host: str
+    port: int
+    rank: int
+    world_size: int
+    local_rank: int = 0
+
+
+def init_distributed(at: Rendezvous | None = None, timeout_s: float = 600.0) -> None:
+    """Join the trainer group at `at`, or form a group of one (None: tests, benches, one rank)."""
     import torch
     import torch.distributed as dist
 
@@ -70,20 +83,26 @@ def init_distributed(timeout_s: float = 600.0) -> None:
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
-    if "WORLD_SIZE" in os.environ:
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
-    else:
+    if at is None:
         store = dist.HashStore()  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(at.local_rank)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{at.host}:{at.port}",
+        rank=at.rank,
+        world_size=at.world_size,
+        timeout=timeout,
+    )
 
 
-def device() -> torch.device:
+def device(local_rank: int = 0) -> torch.device:
     import torch
 
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
@@ -133,17 +152,3 @@ def make_optimizer(params: object, cfg: TrainEngineConfig) -> torch.optim.Optimi
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
     )
-
-
-def create(cfg: TrainEngineConfig) -> base.TrainingEngine:
-    """Initialise the process group if needed and build the backend named by `cfg.backend`."""
-    init_distributed()
-    if cfg.backend == "deepspeed":
-        from plrl_workers.engines import deepspeed_engine
-
-        return deepspeed_engine.DeepSpeedEngine(cfg)
-    if cfg.backend == "torch":
-        from plrl_workers.engines import ddp_engine
-
-        return ddp_engine.DDPEngine(cfg)
-    raise ValueError(f"training.backend={cfg.backend!r} must be 'deepspeed' or 'torch'")

@@ -32,13 +32,12 @@ import pathlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from plrl_workers import types
+from plrl_workers import protocol
 from plrl_workers.engines import base
 
 if TYPE_CHECKING:
     import torch
 
-    from plrl_workers.weight_sync import base as ws_base
 
 EXTENSION = "plrl_workers.weight_sync.vllm_extension.WeightSyncExtension"
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -118,7 +117,7 @@ class VllmEngine:
     def weight_version(self) -> int:
         return self._version
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: types.SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: base.SamplingParams) -> None:
         base.validate_request(request_id, prompt_token_ids, params, self.max_model_len, self._live)
         sp = self._sampling_params.SamplingParams(
             n=1,
@@ -141,7 +140,7 @@ class VllmEngine:
         if self._live.pop(request_id, None) is not None:
             self._engine.abort_request([request_id])
 
-    def step(self) -> list[types.FinishedSequence]:
+    def step(self) -> list[base.FinishedSequence]:
         if not self._live:
             return []
         finished = []
@@ -158,7 +157,7 @@ class VllmEngine:
                 del self._live[out.request_id]
                 reason = "length" if comp.finish_reason == "length" else "stop"
                 finished.append(
-                    types.FinishedSequence(
+                    base.FinishedSequence(
                         out.request_id, seq.prompt, seq.tokens, seq.logprobs, seq.versions, reason
                     )
                 )
@@ -170,10 +169,10 @@ class VllmEngine:
         self._engine.collective_rpc("plrl_load_weights", args=(list(named_tensors),))
         self._version = version
 
-    def join_weight_group(self, group: ws_base.GroupInfo) -> None:
+    def join_weight_group(self, group: protocol.GroupInfo) -> None:
         self._engine.collective_rpc("plrl_join_group", args=(group,))
 
-    def receive_weights(self, ann: ws_base.Announcement) -> None:
+    def receive_weights(self, ann: protocol.Announcement) -> None:
         base.check_version(self._version, ann.version)
         self._engine.collective_rpc("plrl_receive_weights", args=(ann,))
         self._version = ann.version

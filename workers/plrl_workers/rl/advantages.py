@@ -20,7 +20,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from plrl_workers import types
+from plrl_workers import protocol
 
 STD_EPS = 1e-4
 """Added to the group std before dividing, so near-constant groups do not explode (TRL's value)."""
@@ -75,7 +75,7 @@ class AdvantageStats:
 
 
 def compute(
-    groups: Sequence[types.RolloutGroup], normalize: bool = False
+    groups: Sequence[protocol.RolloutGroup], normalize: bool = False
 ) -> tuple[list[list[float]], AdvantageStats]:
     """Advantages for every sample of every group (same nesting as `groups[i].samples`)."""
     out: list[list[float]] = []

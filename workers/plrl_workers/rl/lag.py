@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy
 import numpy.typing as npt
 
-from plrl_workers import types
+from plrl_workers import protocol
 
 DROP = "drop"
 DOWNWEIGHT = "downweight"
@@ -74,7 +74,7 @@ class LagStats:
 
 
 def apply(
-    groups: Sequence[types.RolloutGroup], trainer_version: int, max_lag: int, policy: str
+    groups: Sequence[protocol.RolloutGroup], trainer_version: int, max_lag: int, policy: str
 ) -> tuple[list[list[float | None]], LagStats]:
     """Per-sample weights (None = dropped), nested like `groups[i].samples`, and the counts."""
     weights: list[list[float | None]] = []

@@ -7,7 +7,7 @@ derives a block-diagonal causal mask from restarting position ids for the sdpa/e
 attention paths, and cu_seqlens for flash-attention, *provided* no 2D attention mask and no KV
 cache are passed. The forward must therefore use `use_cache=False` (`rl/step.py` does); with the
 default `use_cache=True` on Qwen2 the packed sequences silently attend across each other
-(measured: logits off by ~0.7). tests/unit/test_packing.py checks loss and gradients of a packed
+(measured: logits off by ~0.7). tests/workers/rl/test_packing.py checks loss and gradients of a packed
 micro-batch against per-sequence computation for both sdpa and eager attention.
 
 Per-token tensors are aligned to *targets*: index t describes the prediction made at input

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from plrl_workers import types
+from plrl_workers import protocol
 from plrl_workers.engines import sampling
 from plrl_workers.rl import advantages, lag, losses, packing
 
 if TYPE_CHECKING:
-    from plrl_operator import spec as spec_mod
+    from plrl_api import spec as spec_mod
     from plrl_workers.engines import base
 
 
@@ -89,7 +89,7 @@ class PreparedStep:
 
 
 def prepare(
-    groups: Sequence[types.RolloutGroup], trainer_version: int, world_size: int, cfg: RLConfig
+    groups: Sequence[protocol.RolloutGroup], trainer_version: int, world_size: int, cfg: RLConfig
 ) -> PreparedStep:
     """Lag policy, advantages and packing for one optimizer batch (pure; same on every rank)."""
     weights, lag_stats = lag.apply(groups, trainer_version, cfg.max_lag, cfg.lag_policy)

@@ -2,7 +2,7 @@
 
 Every call carries the job token (`rpc/auth.py`). Failures of a whole call raise `grpc.RpcError`
 (`.code()` is e.g. UNAUTHENTICATED, FAILED_PRECONDITION); refusals of single rollout groups come back
-as `coordinator.SubmitResult`s with a non-OK `code`, and the stream goes on.
+as `protocol.SubmitResult`s with a non-OK `code`, and the stream goes on.
 
 Usage (generator main loop, sketched):
 
@@ -27,11 +27,11 @@ from typing import Any
 import grpc
 import torch
 
-from plrl_workers import coordinator, coordinator_control, types
+from plrl_workers import protocol
 from plrl_workers.rpc import auth, convert
 from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
-from plrl_workers.weight_sync import base, snapshot
+from plrl_workers.weight_sync import snapshot
 
 MAX_MESSAGE_BYTES = 256 << 20
 
@@ -41,7 +41,7 @@ class PulledWeights:
     """A full-weights pull: iterate `named_tensors` once, to the end, to receive every parameter."""
 
     version: int
-    params: tuple[base.ParamMeta, ...]
+    params: tuple[protocol.ParamMeta, ...]
     named_tensors: Iterator[tuple[str, torch.Tensor]]
 
 
@@ -51,7 +51,7 @@ class ControlStream:
     def __init__(self, call: Any) -> None:
         self._call = call
 
-    def __iter__(self) -> Iterator[coordinator_control.ControlEvent]:
+    def __iter__(self) -> Iterator[protocol.ControlEvent]:
         for message in self._call:
             yield convert.control_from_pb(message)
 
@@ -74,7 +74,7 @@ class CoordinatorClient:
         self._md = auth.metadata(token)
         self._timeout_s = timeout_s
 
-    def register(self, generator_id: str, ready_timeout_s: float = 600.0) -> coordinator.Registration:
+    def register(self, generator_id: str, ready_timeout_s: float = 600.0) -> protocol.Registration:
         """Waits up to `ready_timeout_s` for the coordinator to listen: generator pods (and `plrl run`'s
         processes) start alongside trainer rank 0, which loads the model before it serves."""
         r = self._stub.Register(
@@ -83,26 +83,24 @@ class CoordinatorClient:
             timeout=ready_timeout_s,
             wait_for_ready=True,
         )
-        return coordinator.Registration(r.weight_version, r.samples_per_prompt, r.lease_timeout_s, r.session)
+        return protocol.Registration(r.weight_version, r.samples_per_prompt, r.lease_timeout_s, r.session)
 
-    def lease_prompts(
-        self, generator_id: str, max_prompts: int, wait_s: float = 0.0
-    ) -> coordinator.LeaseBatch:
+    def lease_prompts(self, generator_id: str, max_prompts: int, wait_s: float = 0.0) -> protocol.LeaseBatch:
         """Leases' `deadline`s are on this process's `time.monotonic()` clock."""
         r = self._stub.LeasePrompts(
             pb.LeaseRequest(generator_id=generator_id, max_prompts=max_prompts, wait_s=wait_s),
             metadata=self._md,
             timeout=self._timeout_s + wait_s,
         )
-        return coordinator.LeaseBatch([convert.lease_from_pb(x, generator_id) for x in r.leases], r.finished)
+        return protocol.LeaseBatch([convert.lease_from_pb(x, generator_id) for x in r.leases], r.finished)
 
-    def submit_rollouts(self, groups: Iterable[types.RolloutGroup]) -> Iterator[coordinator.SubmitResult]:
+    def submit_rollouts(self, groups: Iterable[protocol.RolloutGroup]) -> Iterator[protocol.SubmitResult]:
         """Stream `groups` (consumed in a background thread) and yield one result per group, in order."""
         acks = self._stub.SubmitRollouts((convert.group_to_pb(g) for g in groups), metadata=self._md)
         for ack in acks:
             yield convert.ack_from_pb(ack)
 
-    def submit(self, groups: Sequence[types.RolloutGroup]) -> list[coordinator.SubmitResult]:
+    def submit(self, groups: Sequence[protocol.RolloutGroup]) -> list[protocol.SubmitResult]:
         """`submit_rollouts` for a list: returns when every group has its result."""
         return list(self.submit_rollouts(groups))
 
@@ -128,7 +126,7 @@ class CoordinatorClient:
 
         return PulledWeights(head.version, params, snapshot.assemble(params, data(), device))
 
-    def status(self) -> coordinator.Stats:
+    def status(self) -> protocol.Stats:
         return convert.stats_from_pb(
             self._stub.Status(pb.StatusRequest(), metadata=self._md, timeout=self._timeout_s)
         )

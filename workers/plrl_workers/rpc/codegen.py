@@ -1,6 +1,6 @@
 """Generate the Python modules for `plrl.proto` into `rpc/generated/` (`make proto`).
 
-The generated code is committed (so the runtime needs no grpcio-tools); `tests/rpc/test_codegen.py`
+The generated code is committed (so the runtime needs no grpcio-tools); `tests/workers/rpc/test_codegen.py`
 regenerates it into a temporary folder and fails when the committed copy has drifted. protoc writes
 `import plrl_pb2` into the gRPC module, which only works with the folder on `sys.path`; we rewrite
 it to a package import.

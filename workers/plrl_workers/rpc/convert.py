@@ -14,9 +14,9 @@ from typing import Any
 import numpy
 import numpy.typing as npt
 
-from plrl_workers import coordinator, coordinator_control, types
+from plrl_api import records
+from plrl_workers import protocol
 from plrl_workers.rpc.generated import plrl_pb2 as pb
-from plrl_workers.weight_sync import base
 
 I32 = numpy.dtype("<i4")
 F32 = numpy.dtype("<f4")
@@ -54,12 +54,12 @@ def unpack_i32(data: bytes, what: str) -> list[int]:
 # ---- prompts and leases ------------------------------------------------------------------------
 
 
-def prompt_to_pb(p: types.Prompt) -> Message:
+def prompt_to_pb(p: protocol.Prompt) -> Message:
     return pb.Prompt(prompt_id=p.prompt_id, text=p.text, answer=p.answer, token_ids=pack_i32(p.token_ids))
 
 
-def prompt_from_pb(m: Message) -> types.Prompt:
-    return types.Prompt(
+def prompt_from_pb(m: Message) -> protocol.Prompt:
+    return protocol.Prompt(
         prompt_id=m.prompt_id,
         text=m.text,
         answer=m.answer,
@@ -67,15 +67,15 @@ def prompt_from_pb(m: Message) -> types.Prompt:
     )
 
 
-def lease_to_pb(lease: coordinator.Lease, now: float) -> Message:
+def lease_to_pb(lease: protocol.Lease, now: float) -> Message:
     return pb.Lease(
         lease_id=lease.lease_id, prompt=prompt_to_pb(lease.prompt), timeout_s=lease.deadline - now
     )
 
 
-def lease_from_pb(m: Message, generator_id: str) -> coordinator.Lease:
+def lease_from_pb(m: Message, generator_id: str) -> protocol.Lease:
     """The generator's view of a lease: `deadline` is on this process's `time.monotonic()` clock."""
-    return coordinator.Lease(
+    return protocol.Lease(
         lease_id=m.lease_id,
         prompt=prompt_from_pb(m.prompt),
         generator_id=generator_id,
@@ -86,7 +86,7 @@ def lease_from_pb(m: Message, generator_id: str) -> coordinator.Lease:
 # ---- rollouts ----------------------------------------------------------------------------------
 
 
-def group_to_pb(g: types.RolloutGroup) -> Message:
+def group_to_pb(g: protocol.RolloutGroup) -> Message:
     return pb.RolloutGroup(
         lease_id=g.lease_id,
         prompt_id=g.prompt_id,
@@ -105,15 +105,15 @@ def group_to_pb(g: types.RolloutGroup) -> Message:
     )
 
 
-def group_from_pb(m: Message) -> types.RolloutGroup:
+def group_from_pb(m: Message) -> protocol.RolloutGroup:
     """Decode a RolloutGroup message; the samples' arrays are read-only views of its bytes."""
-    return types.RolloutGroup(
+    return protocol.RolloutGroup(
         lease_id=m.lease_id,
         prompt_id=m.prompt_id,
         prompt_token_ids=unpack_i32(m.prompt_token_ids, "prompt_token_ids"),
         generator_id=m.generator_id,
         samples=[
-            types.Sample(
+            protocol.Sample(
                 token_ids=view_i32(s.token_ids, f"samples[{i}].token_ids"),
                 logprobs=view_f32(s.logprobs, f"samples[{i}].logprobs"),
                 versions=view_i32(s.versions, f"samples[{i}].versions"),
@@ -125,39 +125,39 @@ def group_from_pb(m: Message) -> types.RolloutGroup:
     )
 
 
-def ack_to_pb(r: coordinator.SubmitResult) -> Message:
+def ack_to_pb(r: protocol.SubmitResult) -> Message:
     return pb.SubmitAck(lease_id=r.lease_id, code=r.code.name, message=r.message)
 
 
-def ack_from_pb(m: Message) -> coordinator.SubmitResult:
-    return coordinator.SubmitResult(lease_id=m.lease_id, code=coordinator.Code(m.code), message=m.message)
+def ack_from_pb(m: Message) -> protocol.SubmitResult:
+    return protocol.SubmitResult(lease_id=m.lease_id, code=protocol.Code(m.code), message=m.message)
 
 
 # ---- weight sync -------------------------------------------------------------------------------
 
 
-def param_to_pb(p: base.ParamMeta) -> Message:
+def param_to_pb(p: protocol.ParamMeta) -> Message:
     return pb.ParamMeta(name=p.name, dtype=p.dtype, shape=list(p.shape))
 
 
-def param_from_pb(m: Message) -> base.ParamMeta:
-    return base.ParamMeta(name=m.name, dtype=m.dtype, shape=tuple(m.shape))
+def param_from_pb(m: Message) -> protocol.ParamMeta:
+    return protocol.ParamMeta(name=m.name, dtype=m.dtype, shape=tuple(m.shape))
 
 
-def group_info_to_pb(g: base.GroupInfo) -> Message:
+def group_info_to_pb(g: protocol.GroupInfo) -> Message:
     return pb.GroupInfo(
         host=g.host, port=g.port, rank=g.rank, world_size=g.world_size, epoch=g.epoch, backend=g.backend
     )
 
 
-def group_info_from_pb(m: Message) -> base.GroupInfo:
-    return base.GroupInfo(
+def group_info_from_pb(m: Message) -> protocol.GroupInfo:
+    return protocol.GroupInfo(
         host=m.host, port=m.port, rank=m.rank, world_size=m.world_size, epoch=m.epoch, backend=m.backend
     )
 
 
-def control_to_pb(e: coordinator_control.ControlEvent) -> Message:
-    if isinstance(e, coordinator_control.WeightUpdate):
+def control_to_pb(e: protocol.ControlEvent) -> Message:
+    if isinstance(e, protocol.WeightUpdate):
         a = e.announcement
         return pb.ControlMessage(
             weight_update=pb.WeightUpdate(
@@ -168,33 +168,33 @@ def control_to_pb(e: coordinator_control.ControlEvent) -> Message:
                 group=group_info_to_pb(e.group),
             )
         )
-    if isinstance(e, coordinator_control.PullWeights):
+    if isinstance(e, protocol.PullWeights):
         return pb.ControlMessage(pull=pb.PullHint(version=e.version))
     return pb.ControlMessage(stop=pb.StopRequest(reason=e.reason))
 
 
-def control_from_pb(m: Message) -> coordinator_control.ControlEvent:
+def control_from_pb(m: Message) -> protocol.ControlEvent:
     kind = m.WhichOneof("event")
     if kind == "weight_update":
         w = m.weight_update
-        ann = base.Announcement(
+        ann = protocol.Announcement(
             version=w.version,
             epoch=w.epoch,
             params=tuple(param_from_pb(p) for p in w.params),
             bucket_bytes=w.bucket_bytes,
         )
-        return coordinator_control.WeightUpdate(group=group_info_from_pb(w.group), announcement=ann)
+        return protocol.WeightUpdate(group=group_info_from_pb(w.group), announcement=ann)
     if kind == "pull":
-        return coordinator_control.PullWeights(version=m.pull.version)
+        return protocol.PullWeights(version=m.pull.version)
     if kind == "stop":
-        return coordinator_control.Stop(reason=m.stop.reason)
+        return protocol.Stop(reason=m.stop.reason)
     raise ValueError(f"control message without a known event (got {kind!r})")
 
 
 # ---- status ------------------------------------------------------------------------------------
 
 
-def stats_to_pb(s: coordinator.Stats) -> Message:
+def stats_to_pb(s: protocol.Stats) -> Message:
     a = s.accounting
     return pb.StatusReply(
         accounting=pb.Accounting(
@@ -218,10 +218,10 @@ def stats_to_pb(s: coordinator.Stats) -> Message:
     )
 
 
-def stats_from_pb(m: Message) -> coordinator.Stats:
+def stats_from_pb(m: Message) -> protocol.Stats:
     a = m.accounting
-    return coordinator.Stats(
-        accounting=coordinator.Accounting(
+    return protocol.Stats(
+        accounting=records.PromptCounts(
             issued=a.issued,
             trained=a.trained,
             dropped_by_lag=a.dropped_by_lag,

@@ -21,7 +21,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 
-from plrl_workers import coordinator, types
+from plrl_workers import protocol
 from plrl_workers.rpc import client
 
 log = logging.getLogger(__name__)
@@ -33,11 +33,11 @@ class RolloutStream:
     def __init__(
         self,
         coord: client.CoordinatorClient,
-        on_result: Callable[[coordinator.SubmitResult], None] | None = None,
+        on_result: Callable[[protocol.SubmitResult], None] | None = None,
         retry_delay_s: float = 1.0,
     ) -> None:
-        self._outbox: queue.SimpleQueue[types.RolloutGroup | None] = queue.SimpleQueue()
-        self._pending: dict[str, types.RolloutGroup] = {}
+        self._outbox: queue.SimpleQueue[protocol.RolloutGroup | None] = queue.SimpleQueue()
+        self._pending: dict[str, protocol.RolloutGroup] = {}
         self._lock = threading.Condition()
         self._on_result = on_result
         self._retry_delay_s = retry_delay_s
@@ -48,7 +48,7 @@ class RolloutStream:
         self._reader = threading.Thread(target=self._read, name="plrl-rollout-acks", daemon=True)
         self._reader.start()
 
-    def put(self, group: types.RolloutGroup) -> None:
+    def put(self, group: protocol.RolloutGroup) -> None:
         with self._lock:
             if self.error is not None:
                 raise RuntimeError("rollout stream is broken") from self.error
@@ -70,7 +70,7 @@ class RolloutStream:
         self._outbox.put(_END)
         self._reader.join(timeout=timeout_s)
 
-    def _requests(self) -> Iterator[types.RolloutGroup]:
+    def _requests(self) -> Iterator[protocol.RolloutGroup]:
         while True:
             group = self._outbox.get()
             if group is _END:
@@ -87,8 +87,8 @@ class RolloutStream:
                 self.error = exc
                 self._lock.notify_all()
 
-    def _handle(self, result: coordinator.SubmitResult) -> None:
-        if result.code is coordinator.Code.RESOURCE_EXHAUSTED:
+    def _handle(self, result: protocol.SubmitResult) -> None:
+        if result.code is protocol.Code.RESOURCE_EXHAUSTED:
             with self._lock:
                 group = self._pending.get(result.lease_id)
             if group is not None:

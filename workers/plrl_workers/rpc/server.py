@@ -2,7 +2,7 @@
 
 `serve()` starts a server on `host:port` (0 = any free port) with the job-token interceptor
 (`rpc/auth.py`). The servicer converts messages (`rpc/convert.py`), calls the coordinator, and maps
-`coordinator.Refused` to a gRPC status. Per-group refusals travel inside `SubmitAck`s, so a bad group
+`protocol.Refused` to a gRPC status. Per-group refusals travel inside `SubmitAck`s, so a bad group
 never ends a generator's rollout stream. The full-weights pull streams the latest
 `weight_sync.snapshot.WeightSnapshot`.
 
@@ -27,7 +27,8 @@ from typing import Any
 
 import grpc
 
-from plrl_workers import coordinator, coordinator_control
+from plrl_workers import protocol
+from plrl_workers.coordinator import core as coordinator
 from plrl_workers.rpc import auth, convert
 from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
@@ -39,10 +40,10 @@ MAX_MESSAGE_BYTES = 256 << 20
 MAX_LEASE_WAIT_S = 30.0
 MAX_PROMPTS_PER_LEASE = 4096
 
-_STATUS = {code: getattr(grpc.StatusCode, code.name) for code in coordinator.Code}
+_STATUS = {code: getattr(grpc.StatusCode, code.name) for code in protocol.Code}
 
 
-def _abort(context: Any, coord: coordinator.Coordinator, exc: coordinator.Refused) -> None:
+def _abort(context: Any, coord: coordinator.Coordinator, exc: protocol.Refused) -> None:
     coord.count_refusal(exc.code.name)
     log.warning("refused %s from %s: %s", exc.code.name, context.peer(), exc)
     context.abort(_STATUS[exc.code], str(exc))
@@ -62,7 +63,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
     def Register(self, request: Any, context: Any) -> Any:
         try:
             reg = self._coord.register(request.generator_id)
-        except coordinator.Refused as exc:
+        except protocol.Refused as exc:
             _abort(context, self._coord, exc)
         return pb.RegisterReply(
             weight_version=reg.weight_version,
@@ -76,7 +77,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
         wait_s = max(0.0, min(request.wait_s, MAX_LEASE_WAIT_S))
         try:
             batch = self._coord.lease(request.generator_id, n, wait_s)
-        except coordinator.Refused as exc:
+        except protocol.Refused as exc:
             _abort(context, self._coord, exc)
         now = self._coord.now()
         return pb.LeaseReply(
@@ -87,17 +88,17 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
         for m in request_iterator:
             yield convert.ack_to_pb(self._submit_one(m))
 
-    def _submit_one(self, m: Any) -> coordinator.SubmitResult:
+    def _submit_one(self, m: Any) -> protocol.SubmitResult:
         try:
             group = convert.group_from_pb(m)  # zero-copy views of the message's packed arrays
         except ValueError as exc:
-            return self._coord.refuse(m.lease_id, m.generator_id, coordinator.Code.INVALID_ARGUMENT, str(exc))
+            return self._coord.refuse(m.lease_id, m.generator_id, protocol.Code.INVALID_ARGUMENT, str(exc))
         return self._coord.submit(group)
 
     def Control(self, request: Any, context: Any) -> Iterator[Any]:
         try:
             channel = self._coord.attach_control(request.generator_id)
-        except coordinator.Refused as exc:
+        except protocol.Refused as exc:
             _abort(context, self._coord, exc)
         try:
             while context.is_active():
@@ -108,7 +109,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
                 if event is None:  # replaced by a newer stream, or the generator was declared dead
                     return
                 yield convert.control_to_pb(event)
-                if isinstance(event, coordinator_control.Stop):
+                if isinstance(event, protocol.Stop):
                     return
         finally:
             self._coord.detach_control(request.generator_id, channel)
@@ -117,8 +118,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
         snap = self._snapshots.latest() if self._snapshots is not None else None
         if snap is None or snap.version < request.min_version:
             have = "none" if snap is None else snap.version
-            exc = coordinator.Refused(
-                coordinator.Code.UNAVAILABLE,
+            exc = protocol.Refused(
+                protocol.Code.UNAVAILABLE,
                 f"weights version >= {request.min_version} not available (have {have})",
             )
             _abort(context, self._coord, exc)

@@ -1,27 +1,25 @@
-"""What a task is (a deterministic, random-access prompt stream) and which tasks are built in.
+"""What a task is: a deterministic, random-access prompt stream (the registry says which exist).
 
 A task maps `(seed, split, prompt_id)` to one `Item`: the rendered prompt text and its reference
 answer. Being a pure function of the id (not of a stateful iterator) is what lets the coordinator
 re-lease a prompt after a generator dies and resume after a restart without replaying the stream.
 
-Neighbours: `tasks/reverse.py`, `tasks/arith.py` (the built-in tasks), `tasks/jsonl.py` (user datasets),
+Neighbours: `tasks/registry.py` (task names -> tasks), `tasks/reverse.py`, `tasks/arith.py` (the
+built-in tasks), `tasks/jsonl.py` (user datasets),
 `tasks/rewards.py` (how completions are scored), `tasks/warm_start.py` (SFT on `Item.answer`),
-the coordinator (consumes `to_prompts`), `plrl_operator.spec.TaskSpec` (what a user writes).
+the coordinator (consumes `to_prompts`), `plrl_api.spec.TaskSpec` (what a user writes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import itertools
-import pathlib
 import random
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from plrl_operator import spec
-from plrl_workers import types
+from plrl_workers import protocol
 
 if TYPE_CHECKING:
     import transformers
@@ -60,12 +58,6 @@ class TaskError(ValueError):
     """A task that cannot be used; the message names the spec field (`task.name`, `task.dataset`)."""
 
 
-# builtin name -> "module:factory"; imported lazily so listing tasks stays cheap.
-BUILTIN_TASKS: dict[str, str] = {
-    "arith": "plrl_workers.tasks.arith:ArithTask",
-    "reverse": "plrl_workers.tasks.reverse:ReverseTask",
-}
-
 # About this fraction of a builtin task's problem space is held out as its `eval` split.
 EVAL_FRACTION = 0.1
 
@@ -100,32 +92,6 @@ def draw_item(
             return Item(prompt_id=prompt_id, text=text, answer=answer)
 
 
-def builtin(name: str) -> Task:
-    """The built-in task called `name` (without the `builtin:` prefix)."""
-    if name not in BUILTIN_TASKS:
-        known = ", ".join(f"builtin:{n}" for n in sorted(BUILTIN_TASKS))
-        raise TaskError(f"task.name: unknown builtin task 'builtin:{name}' (known: {known})")
-    module, factory = BUILTIN_TASKS[name].split(":")
-    task: Task = getattr(importlib.import_module(module), factory)()
-    return task
-
-
-def from_spec(task_spec: spec.TaskSpec, base_dir: str | pathlib.Path = ".") -> Task:
-    """The task a job asks for. Relative dataset paths are resolved against `base_dir` (the job file's)."""
-    if task_spec.name.startswith("builtin:"):
-        return builtin(task_spec.name.removeprefix("builtin:"))
-    from plrl_workers.tasks import jsonl
-
-    ds = task_spec.dataset
-    if ds is None or ds.path is None:
-        # A ConfigMap is mounted as a file by the operator; locally there is nothing to mount.
-        raise TaskError("task.dataset.path: required to read a jsonl task on this machine")
-    path = pathlib.Path(ds.path)
-    if not path.is_absolute():
-        path = pathlib.Path(base_dir) / path
-    return jsonl.load(path)
-
-
 def stream(task: Task, seed: int, split: Split = "train", start: int = 0) -> Iterator[Item]:
     """The endless prompt stream from `start` on (prompt ids `start`, `start + 1`, ...)."""
     for i in itertools.count(start):
@@ -148,9 +114,9 @@ def prompt_token_ids(tokenizer: transformers.PreTrainedTokenizerBase, text: str)
     return tuple(([bos] if bos is not None else []) + list(ids))
 
 
-def to_prompt(item: Item, tokenizer: transformers.PreTrainedTokenizerBase) -> types.Prompt:
+def to_prompt(item: Item, tokenizer: transformers.PreTrainedTokenizerBase) -> protocol.Prompt:
     """An `Item` as the coordinator leases it: with token ids."""
-    return types.Prompt(
+    return protocol.Prompt(
         prompt_id=item.prompt_id,
         text=item.text,
         answer=item.answer,
@@ -164,7 +130,7 @@ def to_prompts(
     seed: int,
     split: Split = "train",
     start: int = 0,
-) -> Iterator[types.Prompt]:
+) -> Iterator[protocol.Prompt]:
     """The endless stream of leasable prompts from `start` on."""
     for item in stream(task, seed, split, start):
         yield to_prompt(item, tokenizer)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from plrl_workers.weight_sync import base
+from plrl_workers import protocol
 
 ALIGN = 64
 
@@ -39,10 +39,10 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def plan(params: Sequence[base.ParamMeta], bucket_bytes: int) -> list[Bucket]:
+def plan(params: Sequence[protocol.ParamMeta], bucket_bytes: int) -> list[Bucket]:
     """Split `params` (in order) into buckets of at most `bucket_bytes` (except oversize parameters).
 
-    >>> p = [base.ParamMeta("a", "float32", (10,)), base.ParamMeta("b", "float32", (10,))]
+    >>> p = [protocol.ParamMeta("a", "float32", (10,)), protocol.ParamMeta("b", "float32", (10,))]
     >>> [len(b.slots) for b in plan(p, 128)]
     [2]
     >>> [len(b.slots) for b in plan(p, 64)]

@@ -13,13 +13,14 @@ from collections.abc import Sequence
 import numpy
 import torch
 
-from plrl_workers.weight_sync import base, buckets
+from plrl_workers import protocol
+from plrl_workers.weight_sync import buckets
 
 
 def dtype_of(name: str) -> torch.dtype:
-    """`"bfloat16"` -> `torch.bfloat16` (only the dtypes in `base.ITEMSIZE`)."""
-    if name not in base.ITEMSIZE:
-        raise ValueError(f"unsupported dtype {name!r}; known: {sorted(base.ITEMSIZE)}")
+    """`"bfloat16"` -> `torch.bfloat16` (only the dtypes in `protocol.ITEMSIZE`)."""
+    if name not in protocol.ITEMSIZE:
+        raise ValueError(f"unsupported dtype {name!r}; known: {sorted(protocol.ITEMSIZE)}")
     dtype = getattr(torch, name)
     assert isinstance(dtype, torch.dtype)
     return dtype
@@ -28,16 +29,16 @@ def dtype_of(name: str) -> torch.dtype:
 def dtype_name(dtype: torch.dtype) -> str:
     """`torch.bfloat16` -> `"bfloat16"`."""
     name = str(dtype).removeprefix("torch.")
-    if name not in base.ITEMSIZE:
-        raise ValueError(f"unsupported dtype {dtype}; known: {sorted(base.ITEMSIZE)}")
+    if name not in protocol.ITEMSIZE:
+        raise ValueError(f"unsupported dtype {dtype}; known: {sorted(protocol.ITEMSIZE)}")
     return name
 
 
-def meta_of(name: str, tensor: torch.Tensor) -> base.ParamMeta:
-    return base.ParamMeta(name=name, dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape))
+def meta_of(name: str, tensor: torch.Tensor) -> protocol.ParamMeta:
+    return protocol.ParamMeta(name=name, dtype=dtype_name(tensor.dtype), shape=tuple(tensor.shape))
 
 
-def typed_view(buf: torch.Tensor, offset: int, meta: base.ParamMeta) -> torch.Tensor:
+def typed_view(buf: torch.Tensor, offset: int, meta: protocol.ParamMeta) -> torch.Tensor:
     """The `meta`-shaped tensor stored at `buf[offset:]` (a view: writes go to `buf`)."""
     raw = buf[offset : offset + meta.nbytes]
     if meta.nbytes == 0:
@@ -47,7 +48,7 @@ def typed_view(buf: torch.Tensor, offset: int, meta: base.ParamMeta) -> torch.Te
 
 def pack(
     bucket: buckets.Bucket,
-    params: Sequence[base.ParamMeta],
+    params: Sequence[protocol.ParamMeta],
     tensors: Sequence[torch.Tensor],
     device: torch.device | str,
     out: torch.Tensor | None = None,
@@ -76,7 +77,7 @@ def pack(
 
 
 def unpack(
-    bucket: buckets.Bucket, params: Sequence[base.ParamMeta], buf: torch.Tensor
+    bucket: buckets.Bucket, params: Sequence[protocol.ParamMeta], buf: torch.Tensor
 ) -> list[tuple[str, torch.Tensor]]:
     """The (name, view) pairs of `bucket`, in announcement order, viewing `buf` (no copy)."""
     return [(params[s.index].name, typed_view(buf, s.offset, params[s.index])) for s in bucket.slots]

@@ -12,7 +12,7 @@ Usage (generator main loop; `engine.update_weights` is `engines.base.GenerationE
 
     rx = None
     for event in client.control(generator_id, engine.weight_version):
-        if isinstance(event, coordinator_control.WeightUpdate):
+        if isinstance(event, protocol.WeightUpdate):
             if rx is None or rx.group != event.group:   # new epoch, or a restarted trainer
                 if rx is not None:
                     rx.close()
@@ -34,7 +34,8 @@ from collections.abc import Iterator
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from plrl_workers.weight_sync import base, buckets, groups, packing, pool
+from plrl_workers import protocol
+from plrl_workers.weight_sync import buckets, groups, packing, pool
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class WeightReceiver:
     """
 
     def __init__(
-        self, group: base.GroupInfo, device: str, *, timeout_s: float = 120.0, reuse_buffers: bool = False
+        self, group: protocol.GroupInfo, device: str, *, timeout_s: float = 120.0, reuse_buffers: bool = False
     ) -> None:
         self.group = group
         # Opt-in: receive each version into the previous version's buffers (warm memory, no page
@@ -61,7 +62,7 @@ class WeightReceiver:
         self._pg: c10d.Backend | None = None
         self._closed = False
 
-    def receive(self, ann: base.Announcement) -> Iterator[tuple[str, torch.Tensor]]:
+    def receive(self, ann: protocol.Announcement) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, tensor) for every parameter of `ann`, in order; tensors live on `device`.
 
         The tensors are views of bucket buffers: freshly allocated by default, so they stay valid
@@ -93,7 +94,7 @@ class WeightReceiver:
             )
         return self._receive(self._pg, ann)
 
-    def _receive(self, pg: c10d.Backend, ann: base.Announcement) -> Iterator[tuple[str, torch.Tensor]]:
+    def _receive(self, pg: c10d.Backend, ann: protocol.Announcement) -> Iterator[tuple[str, torch.Tensor]]:
         layout = buckets.plan(ann.params, ann.bucket_bytes)
         posted: list[tuple[torch.Tensor, c10d.Work | None]] = []
 

@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from plrl_workers.weight_sync import base, buckets, groups, packing, pool, snapshot
+from plrl_workers import protocol
+from plrl_workers.weight_sync import buckets, groups, packing, pool, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ DEFAULT_BUCKET_BYTES = 16 << 20  # small enough to overlap packing with sending 
 MAX_IN_FLIGHT = 2  # buckets on the wire while the next one is packed
 
 # Deliver one member's announcement; False if that member cannot be reached (it is then left out).
-Announce = Callable[[str, base.GroupInfo, base.Announcement], bool]
+Announce = Callable[[str, protocol.GroupInfo, protocol.Announcement], bool]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +86,8 @@ class WeightBroadcaster:
         skip_missing_for: int = 10,
         snapshots: snapshot.SnapshotStore | None = None,
     ) -> None:
-        if backend not in base.BACKENDS:
-            raise ValueError(f"backend must be one of {base.BACKENDS}, got {backend!r}")
+        if backend not in protocol.BACKENDS:
+            raise ValueError(f"backend must be one of {protocol.BACKENDS}, got {backend!r}")
         self._host = advertise_host
         self._backend = backend
         self._device = torch.device(device)
@@ -119,9 +120,9 @@ class WeightBroadcaster:
         """Members of the current epoch, in rank order (rank = index + 1)."""
         return self._members
 
-    def group_info(self, member: str) -> base.GroupInfo:
+    def group_info(self, member: str) -> protocol.GroupInfo:
         rank = self._members.index(member) + 1
-        return base.GroupInfo(
+        return protocol.GroupInfo(
             host=self._host,
             port=self.port,
             rank=rank,
@@ -159,7 +160,7 @@ class WeightBroadcaster:
         if wanted != self._members or (wanted and self._pg is None):
             self._new_epoch(wanted)
         while self._members:
-            ann = base.Announcement(version, self._epoch, params, self._bucket_bytes)
+            ann = protocol.Announcement(version, self._epoch, params, self._bucket_bytes)
             missing = self._handshake(ann, announce)
             if missing:
                 missed.extend(missing)
@@ -212,7 +213,7 @@ class WeightBroadcaster:
         if members:
             log.info("weight sync epoch %d: members %s", self._epoch, list(members))
 
-    def _handshake(self, ann: base.Announcement, announce: Announce) -> list[str]:
+    def _handshake(self, ann: protocol.Announcement, announce: Announce) -> list[str]:
         """Announce `ann`, wait for every member's ready key, then say go or abort. Returns the missing."""
         unreachable = [m for m in self._members if not announce(m, self.group_info(m), ann)]
         vstore = groups.version_store(groups.epoch_store(self._store, ann.epoch), ann.version)
@@ -229,7 +230,7 @@ class WeightBroadcaster:
         self,
         pg: c10d.Backend,
         layout: list[buckets.Bucket],
-        params: tuple[base.ParamMeta, ...],
+        params: tuple[protocol.ParamMeta, ...],
         tensors: list[torch.Tensor],
     ) -> list[torch.Tensor]:
         bufs: list[torch.Tensor] = []
@@ -246,7 +247,7 @@ class WeightBroadcaster:
         return bufs
 
     def _pack(
-        self, bucket: buckets.Bucket, params: tuple[base.ParamMeta, ...], tensors: list[torch.Tensor]
+        self, bucket: buckets.Bucket, params: tuple[protocol.ParamMeta, ...], tensors: list[torch.Tensor]
     ) -> torch.Tensor:
         out = self._pool.get(bucket.nbytes, self._device)
         return packing.pack(bucket, params, tensors, self._device, out=out)
@@ -254,7 +255,7 @@ class WeightBroadcaster:
     def _publish(
         self,
         version: int,
-        params: tuple[base.ParamMeta, ...],
+        params: tuple[protocol.ParamMeta, ...],
         layout: list[buckets.Bucket],
         bufs: list[torch.Tensor],
     ) -> None:

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy
 import torch
 
-from plrl_workers.weight_sync import base, buckets, packing
+from plrl_workers import protocol
+from plrl_workers.weight_sync import buckets, packing
 
 DEFAULT_CHUNK_BYTES = 2 << 20
 
@@ -35,7 +36,7 @@ class WeightSnapshot:
     """
 
     version: int
-    params: tuple[base.ParamMeta, ...]
+    params: tuple[protocol.ParamMeta, ...]
     layout: tuple[buckets.Bucket, ...]
     buffers: tuple[torch.Tensor, ...]
 
@@ -117,7 +118,7 @@ def chunks(snap: WeightSnapshot, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iter
 
 
 def assemble(
-    params: Sequence[base.ParamMeta], data: Iterable[bytes], device: torch.device | str = "cpu"
+    params: Sequence[protocol.ParamMeta], data: Iterable[bytes], device: torch.device | str = "cpu"
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Rebuild each parameter from the `chunks()` stream, yielding it as soon as its bytes are in.
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 if TYPE_CHECKING:
     import torch
 
-    from plrl_workers.weight_sync import base as ws_base
+    from plrl_workers import protocol
     from plrl_workers.weight_sync import receiver as ws_receiver
 
 
@@ -100,7 +100,7 @@ class WeightSyncExtension:
         """Load tensors sent with the call (the CPU path, and small updates)."""
         _reload(cast(_Worker, self), named_tensors)
 
-    def plrl_join_group(self, group: ws_base.GroupInfo) -> None:
+    def plrl_join_group(self, group: protocol.GroupInfo) -> None:
         """Join (or move to) the trainer's broadcast group as this worker's own rank."""
         from plrl_workers.weight_sync import receiver
 
@@ -113,7 +113,7 @@ class WeightSyncExtension:
         device = "cpu" if group.backend == "gloo" else str(worker.device)
         self._plrl_receiver = receiver.WeightReceiver(member, device)
 
-    def plrl_receive_weights(self, ann: ws_base.Announcement) -> None:
+    def plrl_receive_weights(self, ann: protocol.Announcement) -> None:
         """Receive the broadcast `ann` announces and reload it, one tensor at a time."""
         if self._plrl_receiver is None:
             raise RuntimeError("plrl_receive_weights: call plrl_join_group first")

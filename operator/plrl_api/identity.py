@@ -1,0 +1,77 @@
+"""`Identity`: which replica a worker process is, parsed from its environment in this one place.
+
+A pod's environment comes from the operator's render (downward API and the token Secret); a
+local process's from `plrl run`, which sets the same variables (`plrl_api.names.ENV_*`). The
+worker config file is the same for every pod of a role; this is what tells them apart.
+
+Neighbours: `plrl_api.names` (the variable names), `plrl_api.worker_config` (the rest of what a
+worker needs), `plrl_workers.trainer` / `plrl_workers.generator` (the readers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from plrl_api import names
+
+
+class IdentityError(ValueError):
+    """An environment a worker cannot start from; the message names the variable."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise IdentityError(f"{name}={raw!r} must be an integer") from None
+    if value < 0:
+        raise IdentityError(f"{name}={raw!r} must be >= 0")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """Who this process is and how it authenticates."""
+
+    token: str
+    """The job's RPC token: every worker-to-worker call carries it."""
+    pod_index: int = 0
+    """The pod's StatefulSet ordinal (trainer pod k holds ranks k * gpusPerTrainer + local rank)."""
+    local_rank: int | None = None
+    """Accelerator within the pod; None in a multi-accelerator pod's first process (it spawns)."""
+    bind_host: str = "0.0.0.0"
+    """Address to listen on: all interfaces in a pod, loopback under `plrl run`."""
+    metrics_port: int | None = None
+    """Overrides the config's metrics port (`plrl run`: processes share one IP)."""
+    pod_name: str | None = None
+    """Set in a cluster only; the worker then renews its Lease `<job>-<pod>`."""
+    namespace: str | None = None
+
+    def rank(self, gpus_per_pod: int) -> int:
+        """This process's trainer rank: pod index x accelerators per pod + local rank."""
+        return self.pod_index * gpus_per_pod + (self.local_rank or 0)
+
+    def with_local_rank(self, local_rank: int) -> dict[str, str]:
+        """The environment additions for the process that drives accelerator `local_rank`."""
+        return {names.ENV_LOCAL_RANK: str(local_rank)}
+
+    @staticmethod
+    def from_env(env: Mapping[str, str] | None = None) -> Identity:
+        env = os.environ if env is None else env
+        token = env.get(names.ENV_TOKEN, "")
+        if not token:
+            raise IdentityError(f"{names.ENV_TOKEN} is empty; refusing to start unauthenticated")
+        return Identity(
+            token=token,
+            pod_index=_int(env, names.ENV_POD_INDEX, 0) or 0,
+            local_rank=_int(env, names.ENV_LOCAL_RANK, None),
+            bind_host=env.get(names.ENV_BIND_HOST) or "0.0.0.0",
+            metrics_port=_int(env, names.ENV_METRICS_PORT, None),
+            pod_name=env.get(names.ENV_POD_NAME) or None,
+            namespace=env.get(names.ENV_NAMESPACE) or None,
+        )

@@ -1,0 +1,133 @@
+"""Every name the operator and the workers must agree on, defined once: labels, annotation keys,
+environment variables, ports, roles, and the names of a job's child objects.
+
+The operator renders pods and Services with these; the workers read their environment and renew
+their Leases with them; the local runner sets the same environment for its processes. A name
+that appears on both sides of the seam is written here and nowhere else (grep for the string).
+
+Neighbours: `plrl_api.worker_config` (the file a worker reads), `plrl_api.identity` (the env a
+worker reads), `plrl_api.records` (what travels in Lease annotations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Final, Literal
+
+# --------------------------------------------------------------------------- roles
+
+Role = Literal["generator", "trainer"]
+GENERATOR: Final = "generator"
+TRAINER: Final = "trainer"
+ROLES: Final[tuple[Role, Role]] = (GENERATOR, TRAINER)
+
+# --------------------------------------------------------------------------- labels
+
+LABEL_JOB: Final = "pipelinerl.io/job"
+"""On every child object and Lease of a job: what the operator selects and watches them by."""
+LABEL_ROLE: Final = "pipelinerl.io/role"
+"""generator or trainer, on role objects (StatefulSets, Services, pods, Leases)."""
+LABEL_POD_INDEX: Final = "apps.kubernetes.io/pod-index"
+"""Set by the StatefulSet controller on each pod: its ordinal (the downward API exposes it)."""
+MANAGED_BY: Final = "pipelinerl-operator"
+"""Value of `app.kubernetes.io/managed-by` on the operator's objects."""
+
+# --------------------------------------------------------------------------- annotations
+
+ANNOTATION_DESIRED_HASH: Final = "pipelinerl.io/desired-hash"
+"""Digest of an object's rendered content; the operator writes only when it differs."""
+ANNOTATION_CONFIG_HASH: Final = "pipelinerl.io/config-hash"
+"""On pod templates: digest of the worker config, so a config change rolls the pods."""
+ANNOTATION_CREATE_ONLY: Final = "pipelinerl.io/create-only"
+"""On objects the operator creates once and never rewrites (the token Secret)."""
+
+# Lease annotations, written by each worker, read by the operator (`plrl_api.records`).
+ANNOTATION_ROLE: Final = "pipelinerl.io/role"
+ANNOTATION_WEIGHT_VERSION: Final = "pipelinerl.io/weight-version"
+ANNOTATION_TOKENS_PER_SECOND: Final = "pipelinerl.io/tokens-per-second"
+ANNOTATION_QUEUE_DEPTH: Final = "pipelinerl.io/queue-depth"
+ANNOTATION_UTILISATION: Final = "pipelinerl.io/utilisation"
+ANNOTATION_PROGRESS: Final = "pipelinerl.io/progress"
+"""Trainer rank 0 only: the job's `records.Progress` as JSON."""
+
+# --------------------------------------------------------------------------- environment
+
+ENV_TOKEN: Final = "PLRL_TOKEN"
+"""The job's RPC token (from the job's Secret; `plrl run` makes one per run)."""
+ENV_NAMESPACE: Final = "PLRL_NAMESPACE"
+"""The pod's namespace (downward API); unset outside a cluster."""
+ENV_POD_NAME: Final = "PLRL_POD_NAME"
+"""The pod's name (downward API); its Lease is `<job>-<pod>`. Unset outside a cluster."""
+ENV_POD_INDEX: Final = "PLRL_POD_INDEX"
+"""The pod's StatefulSet ordinal (downward API from `LABEL_POD_INDEX`)."""
+ENV_LOCAL_RANK: Final = "PLRL_LOCAL_RANK"
+"""Which accelerator of its pod a trainer process drives. Unset in a pod's first process, which
+then starts one process per accelerator (torchrun-style) and sets it for each."""
+ENV_BIND_HOST: Final = "PLRL_BIND_HOST"
+"""Address servers listen on: a pod listens on all interfaces (unset); `plrl run` on loopback."""
+ENV_METRICS_PORT: Final = "PLRL_METRICS_PORT"
+"""`plrl run` only: local processes share one IP, so each gets its own /metrics port."""
+
+# --------------------------------------------------------------------------- ports
+
+PORT_RPC: Final = 50051
+"""gRPC: the coordinator on trainer-0, the generator control service on each generator."""
+PORT_RENDEZVOUS: Final = 29500
+"""torch.distributed rendezvous among the trainer ranks."""
+PORT_WEIGHT_SYNC: Final = 29600
+"""Weight-broadcast group of trainer-0 and every generator."""
+PORT_METRICS: Final = 9400
+"""Prometheus /metrics on every worker."""
+
+# --------------------------------------------------------------------------- files
+
+CONFIG_DIR: Final = "/etc/plrl"
+"""Where the job's ConfigMap is mounted in worker pods: `<CONFIG_DIR>/<role>.json`."""
+TOKEN_KEY: Final = "token"
+"""Key of the RPC token in the job's Secret."""
+
+
+def config_file(role: Role) -> str:
+    """The worker config file a pod of `role` reads."""
+    return f"{CONFIG_DIR}/{role}.json"
+
+
+# --------------------------------------------------------------------------- object names
+
+
+@dataclasses.dataclass(frozen=True)
+class Names:
+    """Every child object's name, derived from the job's name (a DNS label of <= 40 chars)."""
+
+    job: str
+
+    @property
+    def config(self) -> str:
+        return f"{self.job}-config"
+
+    @property
+    def token(self) -> str:
+        return f"{self.job}-token"
+
+    @property
+    def worker(self) -> str:
+        """ServiceAccount, Role and RoleBinding of the worker pods."""
+        return f"{self.job}-worker"
+
+    def role(self, role: Role) -> str:
+        """StatefulSet and headless Service of a role: `<job>-gen` / `<job>-train`."""
+        return f"{self.job}-{'gen' if role == GENERATOR else 'train'}"
+
+    def pod(self, role: Role, index: int) -> str:
+        """The StatefulSet's pod `index` of `role`."""
+        return f"{self.role(role)}-{index}"
+
+    def lease(self, pod: str) -> str:
+        """The heartbeat Lease a worker pod renews."""
+        return f"{self.job}-{pod}"
+
+    def dns(self, namespace: str, role: Role, index: int | None = None) -> str:
+        """The headless Service's (or one of its pods') DNS name inside the cluster."""
+        svc = self.role(role)
+        host = f"{svc}-{index}.{svc}" if index is not None else svc
+        return f"{host}.{namespace}.svc"

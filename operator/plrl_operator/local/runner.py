@@ -1,0 +1,356 @@
+"""`plrl run job.yaml`: the job's pods as processes on this machine, with the operator's decisions.
+
+The runner is a second controller next to the operator: it writes the same `WorkerConfig` files the
+operator puts in the job's ConfigMap (`plrl_api.worker_config.build`, with loopback endpoints and
+run-directory paths), sets the environment a pod would get (`plrl_api.identity`), starts
+`plrl-worker --role <role>` per replica (each accelerator of the spec is one process, on the CPU
+or a GPU), and then loops observe -> `policy.decide` -> act: a failed generator is restarted, a
+failed trainer restarts the whole job from its latest checkpoint, a failure with
+`failurePolicy.maxRestarts` used up ends the run `Failed`, trainer rank 0 finishing ends it.
+
+The run directory holds everything: `job.yaml` (the resolved spec), `model/` (the prepared initial
+model), `config/`, `logs/`, `checkpoints/`, `metrics.jsonl`, `summary.json` and `report.png`.
+Running again on the same directory resumes from the latest checkpoint.
+
+Neighbours: `local.processes` (the processes), `local.report` (progress, summary, plot),
+`policy.decide` (what to do), `plrl_workers.prepare` (the init step: task check, built-in model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import pathlib
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import yaml
+
+from plrl_api import names, plan, worker_config
+from plrl_api import spec as spec_mod
+from plrl_operator import jobfile
+from plrl_operator.local import processes, report
+from plrl_operator.policy import decide
+
+log = logging.getLogger("plrl.run")
+
+PROGRESS_EVERY_S = 5.0
+LOOPBACK = "127.0.0.1"
+LOG_TAIL_LINES = 15
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or continue; the message says why and what to do."""
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+# ------------------------------------------------------------------ the run directory
+
+
+def prepare_run_dir(job: spec_mod.PipelineRLJob, run_dir: pathlib.Path) -> bool:
+    """Create or check the run directory; True if it already holds a run of this job (resume)."""
+    job_file = run_dir / "job.yaml"
+    if job_file.exists():
+        previous = jobfile.load_job(job_file)
+        if previous.spec != job.spec:
+            raise RunError(
+                f"{run_dir} holds a run of a different job spec; resuming it with this one would mix "
+                "two experiments. Use another --run-dir, or delete that directory to start over."
+            )
+        return True
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job_file.write_text(yaml.safe_dump(spec_mod.dump_job(job), sort_keys=False))
+    return False
+
+
+def local_paths(
+    job: spec_mod.PipelineRLJob, run_dir: pathlib.Path, job_dir: pathlib.Path
+) -> worker_config.Paths:
+    """Where this run's workers find their files: the run directory, and the job file's neighbours."""
+    m, ds = job.spec.model, job.spec.task.dataset
+    model = pathlib.Path(m.name) if not m.name.startswith("builtin:") else run_dir / "model" / "init"
+    dataset: str | None = None
+    if ds is not None:
+        if ds.path is None:
+            raise spec_mod.JobFileError(
+                "spec.task.dataset.configMap: plrl run reads prompts from a file; set dataset.path"
+            )
+        dataset = str(ds.path if pathlib.Path(ds.path).is_absolute() else job_dir / ds.path)
+    return worker_config.Paths(
+        model_dir=str(model if model.is_absolute() else job_dir / model),
+        checkpoint_dir=str(run_dir / "checkpoints"),
+        dataset_file=dataset,
+        run_dir=str(run_dir),
+    )
+
+
+def write_configs(
+    job: spec_mod.PipelineRLJob, pod_plan: plan.PodPlan, paths: worker_config.Paths, cfg_dir: pathlib.Path
+) -> dict[names.Role, pathlib.Path]:
+    """The per-role config files, with fresh loopback ports (a restarted job gets new ones)."""
+    endpoints = worker_config.Endpoints(
+        coordinator=f"{LOOPBACK}:{free_port()}",
+        rendezvous=f"{LOOPBACK}:{free_port()}",
+        weight_sync=f"{LOOPBACK}:{free_port()}",
+        metrics_port=0,  # each process gets its own (ENV_METRICS_PORT)
+    )
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for role in names.ROLES:
+        out[role] = cfg_dir / f"{role}.json"
+        out[role].write_text(worker_config.dump(worker_config.build(job, pod_plan, role, endpoints, paths)))
+    return out
+
+
+def process_specs(
+    pod_plan: plan.PodPlan, configs: dict[names.Role, pathlib.Path], token: str, run_dir: pathlib.Path
+) -> list[processes.ProcessSpec]:
+    """One process per accelerator: trainer ranks first (rank 0 is the coordinator), then generators."""
+    common = {
+        names.ENV_TOKEN: token,
+        names.ENV_BIND_HOST: LOOPBACK,
+        # Several workers share this machine's cores; one thread each avoids oversubscription
+        # (measured: 2 threads per process on 2 shared cores made small ops 20x slower).
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+    def spec(role: names.Role, name: str, pod: int, local_rank: int | None) -> processes.ProcessSpec:
+        env = common | {names.ENV_POD_INDEX: str(pod), names.ENV_METRICS_PORT: str(free_port())}
+        if local_rank is not None:
+            env[names.ENV_LOCAL_RANK] = str(local_rank)
+        return processes.ProcessSpec(
+            name=name,
+            role=role,
+            argv=processes.python_module("plrl_workers", "--role", role, "--config", str(configs[role])),
+            env=env,
+            log_path=run_dir / "logs" / f"{name}.log",
+        )
+
+    gpt = pod_plan.gpus_per_trainer
+    out = [
+        spec(names.TRAINER, f"trainer-{rank}", rank // gpt, rank % gpt)
+        for rank in range(pod_plan.trainer_gpus)
+    ]
+    out += [spec(names.GENERATOR, f"generator-{k}", k, None) for k in range(pod_plan.generator_pods)]
+    return out
+
+
+def prepare(trainer_config: pathlib.Path, run_dir: pathlib.Path) -> None:
+    """The init step (`plrl_workers.prepare`): check the task, build the built-in model."""
+    log_path = run_dir / "logs" / "prepare.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = processes.python_module("plrl_workers.prepare", "--config", str(trainer_config))
+    proc = subprocess.run(argv, stdout=None, stderr=subprocess.PIPE, text=True, check=False)
+    log_path.write_text(proc.stderr)
+    if proc.returncode == 2:
+        raise spec_mod.JobFileError(
+            proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "invalid job"
+        )
+    if proc.returncode != 0:
+        raise RunError(f"preparing the run failed (exit {proc.returncode}); last lines:\n{_tail(log_path)}")
+
+
+def _tail(path: pathlib.Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# ------------------------------------------------------------------ observe -> decide -> act
+
+
+@dataclasses.dataclass
+class Launch:
+    """What starting (or restarting) the job's processes needs."""
+
+    job: spec_mod.PipelineRLJob
+    pod_plan: plan.PodPlan
+    paths: worker_config.Paths
+    run_dir: pathlib.Path
+    token: str
+
+    def specs(self) -> list[processes.ProcessSpec]:
+        configs = write_configs(self.job, self.pod_plan, self.paths, self.run_dir / "config")
+        return process_specs(self.pod_plan, configs, self.token, self.run_dir)
+
+
+def observe(sup: processes.Supervisor) -> decide.Observation:
+    """The processes as `policy.decide` sees them. Trainer rank 0 exits 0 only once the last step
+    is trained and checkpointed (or when told to stop, which only this runner does)."""
+    workers = []
+    exited = sup.exited()
+    for name, r in sorted(sup.running.items()):
+        code = exited.get(name)
+        failed = code is not None and code != 0
+        workers.append(
+            decide.Worker(
+                name=name,
+                role=r.spec.role,
+                instance=r.instance,
+                running=code is None,
+                exit_code=code,
+                needs_restart=failed,
+                detail=f"last lines of {r.spec.log_path}:\n{_tail(r.spec.log_path)}" if failed else "",
+            )
+        )
+    return decide.Observation(workers=tuple(workers), finished=exited.get("trainer-0") == 0)
+
+
+class Controller:
+    """`plrl run`'s loop over one job's processes."""
+
+    def __init__(self, launch: Launch, sup: processes.Supervisor, quiet: bool) -> None:
+        self.launch, self.sup, self.quiet = launch, sup, quiet
+        self.history = decide.History()
+        self.peak = PeakMemory()
+        self._shown_rows = len(report.read_records(launch.run_dir))
+        self._last_print = 0.0
+
+    def start(self) -> None:
+        for spec in self.launch.specs():
+            self.sup.start(spec)
+
+    def run(self) -> int:
+        """Until the job finishes (0) or fails (RunError)."""
+        self.start()
+        spec = self.launch.job.spec
+        while True:
+            self._progress()
+            verdict = decide.decide(spec, observe(self.sup), self.history)
+            self.history = verdict.history
+            for d in verdict.decisions:
+                if isinstance(d, decide.Finish):
+                    return 0
+                if isinstance(d, decide.Fail):
+                    raise RunError(d.reason)
+                self._restart(d)
+            self.peak.sample(self.sup)
+            time.sleep(0.5)
+
+    def _restart(self, d: decide.Restart) -> None:
+        if d.role == names.GENERATOR:
+            print(f"{d.reason}; restarting it", flush=True)
+            self.sup.restart(d.worker)
+            return
+        # The trainer group (and the coordinator in rank 0) cannot continue without the failed rank,
+        # and today's generators exit when their coordinator goes away: restart every process; the
+        # trainers resume from the latest checkpoint, which holds the coordinator's prompt state.
+        print(f"{d.reason}; restarting the job from its latest checkpoint", flush=True)
+        self.sup.stop()
+        restarted = {name: r.restarts + 1 for name, r in self.sup.running.items()}
+        for spec in self.launch.specs():
+            self.sup.start(spec, restarts=restarted.get(spec.name, 0))
+
+    def _progress(self) -> None:
+        if self.quiet or time.monotonic() - self._last_print < PROGRESS_EVERY_S:
+            return
+        rows = report.read_records(self.launch.run_dir)
+        if rows and len(rows) > self._shown_rows:
+            print(report.progress_line(rows[-1], self.launch.job.spec.training.total_steps), flush=True)
+            self._last_print = time.monotonic()
+            self._shown_rows = len(rows)
+
+
+class PeakMemory:
+    """Largest total resident memory of the run's processes (children of children included)."""
+
+    def __init__(self) -> None:
+        self.peak_bytes = 0
+
+    def sample(self, sup: processes.Supervisor) -> None:
+        import psutil
+
+        total = 0
+        for r in sup.running.values():
+            try:
+                root = psutil.Process(r.proc.pid)
+                total += sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+            except psutil.Error:
+                continue  # exited between listing and reading
+        self.peak_bytes = max(self.peak_bytes, total)
+
+
+def run(job_path: pathlib.Path, run_dir: pathlib.Path, quiet: bool = False) -> int:
+    job = jobfile.load_job(job_path)  # raises before anything starts
+    job_dir = job_path.parent.resolve()
+    pod_plan = plan.PodPlan.of(job.spec, decide.current_generators(job.spec, None))
+    paths = local_paths(job, run_dir, job_dir)
+    if job.spec.pipeline.mode is spec_mod.PipelineMode.HYBRID:
+        raise RunError("spec.pipeline.mode=hybrid is not supported by plrl run yet (use pipeline)")
+    resumed = prepare_run_dir(job, run_dir)
+    launch = Launch(job, pod_plan, paths, run_dir, token=secrets.token_urlsafe(24))
+    try:
+        prepare(write_configs(job, pod_plan, paths, run_dir / "config")[names.TRAINER], run_dir)
+    except spec_mod.JobFileError:
+        if not resumed:  # refused before any worker started: leave nothing behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    print(
+        f"{'resuming' if resumed else 'starting'} {job.metadata.name} ({job.spec.pipeline.mode.value}): "
+        f"{pod_plan.trainer_gpus} trainer rank(s), {pod_plan.generator_pods} generator(s), "
+        f"{job.spec.training.total_steps} steps; "
+        f"run directory {run_dir}",
+        flush=True,
+    )
+    if job.spec.pipeline.autoscale.enabled:
+        print(
+            "note: spec.pipeline.autoscale.enabled: plrl run does not rescale a running job yet", flush=True
+        )
+    sup = processes.Supervisor()
+    controller = Controller(launch, sup, quiet)
+    interrupted = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        code = controller.run()
+    except KeyboardInterrupt:
+        interrupted = True
+        code = 130
+    finally:
+        sup.stop()
+    rows = report.read_records(run_dir)
+    summary = report.summarize(rows, peak_rss_mb=round(controller.peak.peak_bytes / 2**20))
+    report.write_summary(run_dir, summary)
+    if rows:
+        report.plot(rows, run_dir / report.REPORT_FILE, title=job.metadata.name)
+    print(report.summary_text(summary))
+    if interrupted:
+        print(f"interrupted; `plrl run {job_path} --run-dir {run_dir}` resumes from the last checkpoint")
+    else:
+        print(f"report: {run_dir / report.REPORT_FILE}")
+    return code
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="plrl run", description="Run a PipelineRLJob on this machine.")
+    ap.add_argument("job", type=pathlib.Path, help="the job YAML (kind PipelineRLJob)")
+    ap.add_argument("--run-dir", type=pathlib.Path, help="where to write the run (default: runs/<job name>)")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        job_name = jobfile.load_job(args.job).metadata.name
+        run_dir = (args.run_dir or pathlib.Path("runs") / job_name).resolve()
+        return run(args.job, run_dir, args.quiet)
+    except (spec_mod.JobFileError, RunError) as err:
+        print(f"plrl run: {err}", file=sys.stderr)
+        return 2 if isinstance(err, spec_mod.JobFileError) else 1

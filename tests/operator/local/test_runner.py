@@ -1,0 +1,142 @@
+"""`plrl run`: whole jobs as local processes, checked the way a user would check them.
+
+Each run costs tens of seconds of process start-up (torch, transformers imports), so the
+assertions about one run share it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from plrl_api import records
+from plrl_operator.local import report
+from plrl_workers import checkpoint
+from tests.operator.local.conftest import plrl, processes_using, write_job
+
+pytestmark = pytest.mark.slow
+
+
+def test_an_invalid_job_fails_before_any_process_starts(
+    tmp_path: pathlib.Path, run_dir: pathlib.Path
+) -> None:
+    job = write_job(tmp_path / "bad.yaml", training={"batchSize": 10})
+    r = plrl("run", str(job), "--run-dir", str(run_dir), timeout=120)
+    assert r.returncode == 2
+    assert "training.batchSize=10 must be a multiple of generation.samplesPerPrompt=4" in r.stderr
+    assert not run_dir.exists()
+
+
+def test_a_reward_that_cannot_be_imported_fails_before_any_process_starts(
+    tmp_path: pathlib.Path, run_dir: pathlib.Path
+) -> None:
+    job = write_job(tmp_path / "bad.yaml", task={"reward": "no_such_module.rewards:score"})
+    r = plrl("run", str(job), "--run-dir", str(run_dir), timeout=120)
+    assert r.returncode == 2
+    assert "task.reward" in r.stderr and "no_such_module" in r.stderr
+    assert not run_dir.exists()
+
+
+def _accounting(run_dir: pathlib.Path) -> records.PromptCounts:
+    return report.read_records(run_dir)[-1].prompts
+
+
+def test_pipeline_run_updates_weights_in_flight_and_accounts_for_every_prompt(
+    tmp_path: pathlib.Path, run_dir: pathlib.Path
+) -> None:
+    job = write_job(tmp_path / "job.yaml")
+    r = plrl("run", str(job), "--run-dir", str(run_dir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = report.read_records(run_dir)
+    assert [row.step for row in rows] == list(range(1, 9))
+    summary = json.loads((run_dir / report.SUMMARY_FILE).read_text())
+    # Generators kept decoding while trainers stepped: tokens are older than the trainer's weights,
+    # and single samples hold tokens of two or more weight versions.
+    assert summary["lag_mean"] > 0
+    assert summary["mixed_version_samples"] > 0
+    a = _accounting(run_dir)
+    assert a.issued == a.trained + a.dropped_by_lag == 8 * 16 // 4
+    assert a.outstanding == 0
+    assert (run_dir / report.REPORT_FILE).stat().st_size > 0
+    assert [p.name for p in checkpoint.checkpoints(run_dir / "checkpoints")] == [
+        "step-00000004",
+        "step-00000008",
+    ]
+    assert "reward: first 10% of steps" in r.stdout
+    assert processes_using(run_dir) == []
+
+
+def test_batches_entirely_older_than_max_lag_are_skipped_and_reported(
+    tmp_path: pathlib.Path, run_dir: pathlib.Path
+) -> None:
+    # maxLag 0: whatever was generated before the last update is dropped, so whole batches go.
+    job = write_job(tmp_path / "job.yaml", pipeline={"maxLag": 0})
+    r = plrl("run", str(job), "--run-dir", str(run_dir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((run_dir / report.SUMMARY_FILE).read_text())
+    assert summary["steps"] == 8
+    a = _accounting(run_dir)
+    assert a.dropped_by_lag > 0 and a.trained >= 8  # every step trained at least one prompt
+    assert a.balanced
+    if a.outstanding:
+        assert f"note: {a.outstanding} issued prompts were not trained" in r.stdout
+    trainer_log = (run_dir / "logs" / "trainer-0.log").read_text()
+    assert "dropped by the lag policy (maxLag 0); no step" in trainer_log
+    assert processes_using(run_dir) == []
+
+
+def test_conventional_run_alternates_with_no_lag(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
+    job = write_job(tmp_path / "job.yaml", pipeline={"mode": "conventional"}, training={"totalSteps": 3})
+    r = plrl("run", str(job), "--run-dir", str(run_dir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((run_dir / report.SUMMARY_FILE).read_text())
+    assert summary["steps"] == 3
+    assert summary["lag_max"] == 0 and summary["mixed_version_samples"] == 0
+    a = _accounting(run_dir)
+    assert a.issued == a.trained == 3 * 16 // 4
+
+
+def test_interrupted_run_resumes_from_its_last_checkpoint(
+    tmp_path: pathlib.Path, run_dir: pathlib.Path
+) -> None:
+    # Long enough that Ctrl-C lands mid-run: the small job trains a step in well under 0.1 s.
+    total = 60
+    job = write_job(tmp_path / "job.yaml", training={"totalSteps": total, "checkpoint": {"everySteps": 2}})
+    cmd = [sys.executable, "-m", "plrl_operator.cli", "run", str(job), "--run-dir", str(run_dir)]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while checkpoint.latest(run_dir / "checkpoints") is None:
+        assert first.poll() is None, first.communicate()[0]
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.1)
+    first.send_signal(signal.SIGINT)  # what Ctrl-C does
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 130, out
+    assert "resumes from the last checkpoint" in out
+    assert processes_using(run_dir) == []
+    latest = checkpoint.latest(run_dir / "checkpoints")
+    assert latest is not None
+    saved = checkpoint.read_meta(latest)
+    assert saved.step < total
+    metrics = run_dir / records.METRICS_FILE
+    lines_before = len(records.read_step_records(metrics.read_text()))
+
+    second = plrl("run", str(job), "--run-dir", str(run_dir))
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "resuming" in second.stdout
+    appended = [row.step for row in records.read_step_records(metrics.read_text())[lines_before:]]
+    # It continues right after the checkpoint (steps done after it are done again) ...
+    assert appended == list(range(saved.step + 1, total + 1))
+    # ... and what is read back is the final model's history: every step once, the re-trained ones
+    # as they were trained the second time.
+    history = report.read_records(run_dir)
+    assert [row.step for row in history] == list(range(1, total + 1))
+    assert history[saved.step :] == records.read_step_records(metrics.read_text())[lines_before:]
+    a = _accounting(run_dir)
+    assert a.issued == a.trained + a.dropped_by_lag and a.outstanding == 0

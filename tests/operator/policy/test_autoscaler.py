@@ -1,0 +1,246 @@
+"""The autoscaler converges the way the seed's rule intends, never flaps, and never breaks a limit.
+
+Scenarios run the pure policy in a closed loop against a synthetic job whose generators decode
+`per_gen` tokens/s each and whose trainers process `per_train` tokens/s each (optionally noisy).
+Steps are counted, not timed: nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plrl_api import spec
+from plrl_operator.policy import autoscaler, planner, types
+
+Action = types.ScaleAction
+
+
+@dataclasses.dataclass
+class Run:
+    generators: list[int]  # I after each step
+    decisions: list[types.Decision]  # the changes only
+
+
+def run_job(
+    policy: autoscaler.Policy,
+    start: int,
+    per_gen: float,
+    per_train: float,
+    steps: int = 600,
+    noise: float = 0.0,
+    seed: int = 0,
+) -> Run:
+    rng = random.Random(seed)
+    state = types.AutoscalerState()
+    i, samples, trace, changes = start, list[types.RateSample](), [], []
+    for step in range(1, steps + 1):
+
+        def jitter() -> float:
+            return 1 + rng.gauss(0, noise) if noise else 1.0
+
+        samples.append(
+            types.RateSample(step, i, per_gen * i * jitter(), per_train * (policy.n_gpus - i) * jitter())
+        )
+        d = autoscaler.decide(policy, state, types.Observation(step, i, tuple(samples[-100:])))
+        state = d.state
+        if d.changed:
+            changes.append(d)
+            i = d.generators
+        trace.append(i)
+    return Run(trace, changes)
+
+
+def ratio(i: int, n: int, per_gen: float, per_train: float) -> float:
+    return min(1.0, per_train * (n - i) / (per_gen * i))
+
+
+def reversals(decisions: list[types.Decision]) -> int:
+    return sum(a.action is not b.action for a, b in itertools.pairwise(decisions))
+
+
+# The paper's H100 job: a generator makes U(192) = 0.384 tokens/flash, a trainer 1 / 4.92.
+N, GEN, TRAIN = 128, 0.384, 1 / 4.919
+PAPER = autoscaler.Policy(n_gpus=N)
+
+
+def test_trainer_bound_job_converges_to_fewer_generators() -> None:
+    run = run_job(PAPER, start=80, per_gen=GEN, per_train=TRAIN)
+    final = run.generators[-1]
+    assert final < 80
+    assert 0.9 <= ratio(final, N, GEN, TRAIN) <= 0.95
+    assert all(d.action is Action.SCALE_DOWN for d in run.decisions)
+    assert "trainers are the bottleneck" in run.decisions[0].reason
+    assert run.decisions[0].reason.startswith("Removing generator GPUs 80 -> 75:")
+
+
+def test_generator_bound_job_converges_to_more_generators() -> None:
+    run = run_job(PAPER, start=20, per_gen=GEN, per_train=TRAIN)
+    final = run.generators[-1]
+    assert final > 20
+    assert 0.9 <= ratio(final, N, GEN, TRAIN) <= 0.95
+    assert all(d.action is Action.SCALE_UP for d in run.decisions)
+    assert "generators are the bottleneck" in run.decisions[0].reason
+
+
+def test_balanced_job_stays_put() -> None:
+    assert 0.9 <= ratio(47, N, GEN, TRAIN) <= 0.95
+    run = run_job(PAPER, start=47, per_gen=GEN, per_train=TRAIN)
+    assert run.decisions == []
+    assert set(run.generators) == {47}
+
+
+def test_noisy_job_does_not_flap() -> None:
+    for seed in range(5):
+        run = run_job(PAPER, start=47, per_gen=GEN, per_train=TRAIN, steps=1000, noise=0.05, seed=seed)
+        assert reversals(run.decisions) <= 1, [(d.step, d.generators) for d in run.decisions]
+        assert len(run.decisions) <= 2
+        assert all(44 <= i <= 50 for i in run.generators)
+
+
+def test_noisy_job_still_converges_from_far_away() -> None:
+    run = run_job(PAPER, start=90, per_gen=GEN, per_train=TRAIN, steps=800, noise=0.05, seed=3)
+    assert 0.88 <= ratio(run.generators[-1], N, GEN, TRAIN) <= 0.97
+    assert reversals(run.decisions) <= 1
+
+
+def test_changes_wait_for_the_cooldown_and_the_cadence() -> None:
+    policy = dataclasses.replace(PAPER, cooldown_steps=30, every_steps=7)
+    run = run_job(policy, start=90, per_gen=GEN, per_train=TRAIN, steps=300)
+    steps = [d.step for d in run.decisions]
+    assert len(steps) >= 3
+    assert all(b - a >= 30 for a, b in itertools.pairwise(steps))
+
+
+def test_a_step_that_would_jump_across_the_band_is_shortened() -> None:
+    # Ratio 0.85 at I=48 wants a step down of 5; I=43 would be generator-bound again (ratio 1).
+    state = types.AutoscalerState()
+    samples = tuple(types.RateSample(s, 48, GEN * 48, TRAIN * 80 * 0.86 / 0.8816) for s in range(1, 11))
+    d = autoscaler.decide(PAPER, state, types.Observation(10, 48, samples))
+    assert d.action is Action.SCALE_DOWN
+    assert 43 < d.generators < 48
+    assert "predicted ratio" in d.reason
+
+
+def test_coarse_pods_move_only_for_a_real_gain() -> None:
+    # 16-GPU generator pods: one pod is a huge step, taken only if predicted throughput improves.
+    policy = dataclasses.replace(PAPER, gpus_per_generator=16, gpus_per_trainer=16)
+    run = run_job(policy, start=32, per_gen=GEN, per_train=TRAIN, steps=400)
+    assert set(run.generators) <= {32, 48}
+    assert reversals(run.decisions) == 0
+
+
+def test_limits_bound_the_moves() -> None:
+    capped = dataclasses.replace(PAPER, max_generators=30)
+    assert max(run_job(capped, start=20, per_gen=GEN, per_train=TRAIN).generators) == 30
+    # g_max <= 40 steps at H=192, B=128, L=1024 allows I <= 13
+    lagged = dataclasses.replace(
+        PAPER, concurrency=192, batch_size=128, lengths=planner.Lengths(1024), max_lag=40
+    )
+    run = run_job(lagged, start=4, per_gen=GEN, per_train=TRAIN)
+    assert max(run.generators) == 13
+    held = autoscaler.decide(lagged, types.AutoscalerState(), _obs(13, 30, GEN * 13, TRAIN * 115))
+    assert held.action is Action.HOLD and "upper limit" in held.reason
+
+
+def test_out_of_bounds_generators_are_moved_inside_at_once() -> None:
+    policy = dataclasses.replace(PAPER, max_generators=40)
+    d = autoscaler.decide(policy, types.AutoscalerState(), _obs(60, 1, 1.0, 1.0))
+    assert d.generators == 40 and d.action is Action.SCALE_DOWN
+    assert "outside the allowed range" in d.reason
+
+
+def test_state_round_trips_through_status() -> None:
+    s = types.AutoscalerState(last_eval_step=30, last_change_step=20, last_action=Action.SCALE_UP)
+    assert types.AutoscalerState.from_dict(s.to_dict()) == s
+    assert types.AutoscalerState.from_dict(None) == types.AutoscalerState()
+
+
+def test_policy_from_job_spec() -> None:
+    doc = {"apiVersion": "pipelinerl.io/v1alpha1", "kind": "PipelineRLJob", "metadata": {"name": "j"}}
+    job = spec.parse_job(
+        {
+            **doc,
+            "spec": {
+                "resources": {"totalGPUs": 32},
+                "pipeline": {"autoscale": {"stepDown": 3, "maxGenerators": 20}},
+            },
+        }
+    ).spec
+    p = autoscaler.policy_for_job(job)
+    assert (p.n_gpus, p.step_down, p.step_up, p.every_steps, p.max_generators) == (32, 3, 2, 10, 20)
+    assert p.max_lag == 8 and p.concurrency == 64
+
+
+def _obs(i: int, step: int, gen: float, train: float, count: int = 10) -> types.Observation:
+    samples = tuple(types.RateSample(s, i, gen, train) for s in range(step - count + 1, step + 1))
+    return types.Observation(step, i, samples)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(2, 256),
+    gpg=st.sampled_from([1, 2, 4, 8]),
+    gpt=st.sampled_from([1, 2, 4]),
+    lo=st.integers(1, 64),
+    hi=st.one_of(st.none(), st.integers(1, 255)),
+    max_lag=st.one_of(st.none(), st.integers(0, 300)),
+    h=st.integers(1, 512),
+    b=st.integers(1, 2048),
+    step_down=st.integers(1, 20),
+    step_up=st.integers(1, 20),
+    current=st.integers(1, 255),
+    gen=st.floats(0.0, 1e6),
+    train=st.floats(0.0, 1e6),
+    last=st.sampled_from(list(Action)),
+)
+def test_decisions_never_break_a_limit(
+    n: int,
+    gpg: int,
+    gpt: int,
+    lo: int,
+    hi: int | None,
+    max_lag: int | None,
+    h: int,
+    b: int,
+    step_down: int,
+    step_up: int,
+    current: int,
+    gen: float,
+    train: float,
+    last: Action,
+) -> None:
+    if hi is not None and (hi < lo or hi >= n):
+        hi = None
+    policy = autoscaler.Policy(
+        n_gpus=n,
+        min_generators=lo,
+        max_generators=hi,
+        gpus_per_generator=gpg,
+        gpus_per_trainer=gpt,
+        concurrency=h,
+        batch_size=b,
+        lengths=planner.Lengths(1024),
+        max_lag=max_lag,
+        step_down=step_down,
+        step_up=step_up,
+    )
+    allowed = policy.allowed()
+    current = min(current, n - 1)
+    state = types.AutoscalerState(last_eval_step=0, last_change_step=0, last_action=last)
+    d = autoscaler.decide(policy, state, _obs(current, 50, gen, train))
+    assert d.reason and "\n" not in d.reason
+    if d.changed:
+        i = d.generators
+        assert i in allowed  # bounds, whole pods and g_max
+        assert 0 < i < n and i % gpg == 0 and (n - i) % gpt == 0
+        assert max_lag is None or planner.g_max(h, i, b, planner.Lengths(1024)) <= max_lag
+        if current in allowed:
+            unit = max(step_down, step_up, gpg * gpt)
+            assert abs(i - current) <= unit
+    elif current not in allowed:
+        assert not allowed  # it only stays outside the limits when nothing is inside them

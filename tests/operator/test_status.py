@@ -1,0 +1,310 @@
+"""compute_status: what `kubectl get/describe plrljob` shows, from the live children alone.
+
+Cases: a new job is Pending; pods rejected for too few GPUs give PodsScheduled=False/Unschedulable
+with the scheduler's words and a hint; all pods ready on the current revision is Running with
+Ready=True; a spec change rolling out is Scaling; suspend is Suspended; recomputing from the same
+inputs later changes nothing (so no write); the coordinator's Lease fills step/lag/reward; I comes
+from the spec, else status, else the planner; child-write decisions (`k8s.needs_write`); the
+WorkersHealthy condition from the worker pods' Lease renewTimes (current, one silent past
+heartbeat.timeoutSeconds, none yet, Leases of gone pods and of a pod's predecessor ignored).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+from plrl_api import names, spec
+from plrl_operator import k8s, phases, status
+from plrl_operator.policy import decide
+
+T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+T1 = T0 + datetime.timedelta(minutes=5)
+
+
+def _job(**spec_overrides: Any) -> spec.PipelineRLJob:
+    body = {"resources": {"totalGPUs": 4}, "pipeline": {"generators": 2}, **spec_overrides}
+    return spec.parse_job(
+        {
+            "apiVersion": "pipelinerl.io/v1alpha1",
+            "kind": "PipelineRLJob",
+            "metadata": {"name": "demo", "namespace": "ns", "uid": "u", "generation": 1},
+            "spec": body,
+        }
+    )
+
+
+def _sts(
+    role: str, replicas: int, ready: int, *, generation: int = 1, observed: int = 1, rev: str = "r1"
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"demo-{role}", "generation": generation, "labels": {names.LABEL_ROLE: role}},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": observed,
+            "replicas": replicas,
+            "updatedReplicas": replicas,
+            "readyReplicas": ready,
+            "currentRevision": rev,
+            "updateRevision": rev,
+        },
+    }
+
+
+def _pod(
+    role: str, i: int, *, node: str | None = "gpu-1", ready: bool = True, rev: str = "r1", why: str = ""
+) -> dict[str, Any]:
+    conditions = []
+    if node:
+        conditions.append({"type": "PodScheduled", "status": "True"})
+        conditions.append({"type": "Ready", "status": "True" if ready else "False"})
+    elif why:
+        conditions.append(
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}
+        )
+    return {
+        "metadata": {
+            "name": f"demo-{role}-{i}",
+            "labels": {names.LABEL_ROLE: role, "controller-revision-hash": rev},
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running" if node else "Pending", "conditions": conditions},
+    }
+
+
+def _running_children() -> status.Children:
+    return status.Children(
+        statefulsets={"generator": _sts("generator", 2, 2), "trainer": _sts("trainer", 2, 2)},
+        pods=[_pod("generator", 0), _pod("generator", 1), _pod("trainer", 0), _pod("trainer", 1)],
+    )
+
+
+def _cond(s: status.JobStatus, ctype: str) -> status.Condition:
+    return next(c for c in s.conditions if c.type == ctype)
+
+
+def test_new_job_is_pending_with_its_plan() -> None:
+    s = status.compute_status(_job(), 2, status.Children(), status.JobStatus(), T0)
+    assert s.phase is phases.Phase.PENDING
+    assert (s.generators, s.trainers, s.ready) == (2, 2, "0/4")
+    assert _cond(s, "PodsScheduled").reason == "WaitingForPods"
+    assert _cond(s, "Ready").status == "False"
+    assert s.observed_generation == 1
+
+
+def test_too_few_gpus_says_why() -> None:
+    why = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 nodes are available"
+    children = status.Children(
+        statefulsets={"generator": _sts("generator", 2, 0), "trainer": _sts("trainer", 2, 0)},
+        pods=[
+            _pod("generator", 0),
+            _pod("generator", 1, ready=False),
+            _pod("trainer", 0, node=None, why=why),
+        ],
+    )
+    s = status.compute_status(_job(), 2, children, status.JobStatus(), T0)
+    assert s.phase is phases.Phase.PENDING
+    c = _cond(s, "PodsScheduled")
+    assert (c.status, c.reason) == ("False", "Unschedulable")
+    assert "pod demo-trainer-0: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu" in c.message
+    assert "needs 4 x nvidia.com/gpu" in c.message and "nvidia.com/gpu.present=true" in c.message
+
+
+def test_all_ready_is_running() -> None:
+    s = status.compute_status(_job(), 2, _running_children(), status.JobStatus(phase="Starting"), T0)
+    assert s.phase is phases.Phase.RUNNING
+    assert s.ready == "4/4"
+    assert (_cond(s, "Ready").status, _cond(s, "Ready").reason) == ("True", "AllPodsReady")
+    assert _cond(s, "PodsScheduled").reason == "AllPodsScheduled"
+    assert s.start_time == "2026-01-01T12:00:00Z"
+
+
+def test_pods_of_an_old_revision_do_not_count_as_ready() -> None:
+    children = _running_children()
+    children.pods[0]["metadata"]["labels"]["controller-revision-hash"] = "r0"
+    s = status.compute_status(_job(), 2, children, status.JobStatus(phase="Starting"), T0)
+    assert s.ready == "3/4" and s.phase is phases.Phase.STARTING
+
+
+def test_rolling_edit_is_scaling() -> None:
+    children = _running_children()
+    children.statefulsets["generator"] = _sts("generator", 2, 2, generation=2, observed=1)
+    s = status.compute_status(_job(), 2, children, status.JobStatus(phase="Running"), T0)
+    assert s.phase is phases.Phase.SCALING
+    assert "rolling out" in _cond(s, "Ready").message
+
+
+def test_suspend() -> None:
+    children = status.Children(
+        statefulsets={"generator": _sts("generator", 0, 0), "trainer": _sts("trainer", 0, 0)}
+    )
+    s = status.compute_status(_job(suspend=True), 2, children, status.JobStatus(phase="Running"), T0)
+    assert s.phase is phases.Phase.SUSPENDED
+    assert _cond(s, "Suspended").status == "True"
+    assert s.ready == "0/0"
+
+
+def test_recomputing_later_changes_nothing() -> None:
+    first = status.compute_status(_job(), 2, _running_children(), status.JobStatus(phase="Starting"), T0)
+    again = status.compute_status(_job(), 2, _running_children(), first, T1)
+    assert not status.changed(first, again)
+    assert all(c.last_transition_time == "2026-01-01T12:00:00Z" for c in again.conditions)
+
+
+def test_a_flip_moves_the_transition_time_of_that_condition_only() -> None:
+    first = status.compute_status(_job(), 2, _running_children(), status.JobStatus(phase="Starting"), T0)
+    broken = _running_children()
+    broken.pods.pop()
+    later = status.compute_status(_job(), 2, broken, first, T1)
+    assert status.changed(first, later)
+    assert later.phase is phases.Phase.RECOVERING
+    assert _cond(later, "Ready").last_transition_time == "2026-01-01T12:05:00Z"
+    assert _cond(later, "Suspended").last_transition_time == "2026-01-01T12:00:00Z"
+
+
+def test_coordinator_lease_fills_progress() -> None:
+    report = {
+        "step": 42,
+        "weightVersion": 42,
+        "lag": {"mean": 1.5, "max": 4},
+        "reward": 0.62,
+        "throughput": {"generatedTokensPerSecond": 900.0, "trainedTokensPerSecond": 850.0, "ratio": 0.94},
+    }
+    lease = {
+        "metadata": {
+            "name": "demo-demo-trainer-0",
+            "annotations": {names.ANNOTATION_ROLE: "trainer", names.ANNOTATION_PROGRESS: json.dumps(report)},
+        }
+    }
+    broken = {
+        "metadata": {
+            "name": "demo-demo-gen-0",
+            "annotations": {names.ANNOTATION_ROLE: "generator", names.ANNOTATION_PROGRESS: "{not json"},
+        }
+    }
+    children = _running_children()
+    children.leases.extend([broken, lease])
+    s = status.compute_status(_job(), 2, children, status.JobStatus(phase="Running"), T0)
+    assert (s.step, s.weight_version, s.reward) == (42, 42, 0.62)
+    assert s.lag is not None and s.lag.max == 4
+    assert s.throughput is not None and s.throughput.trained_tokens_per_second == 850.0
+    dumped = status.dump(s)
+    assert dumped["throughput"]["trainedTokensPerSecond"] == 850.0 and "completionTime" not in dumped
+    assert status.patch(s)["completionTime"] is None  # a merge patch removes what is no longer set
+    assert status.patch(s)["step"] == 42
+
+
+def _finished_lease(holder: str, renewed: str) -> dict[str, Any]:
+    progress = json.dumps({"step": 1000, "finished": True})
+    return {
+        "metadata": {"annotations": {names.ANNOTATION_ROLE: "trainer", names.ANNOTATION_PROGRESS: progress}},
+        "spec": {"holderIdentity": holder, "renewTime": renewed},
+    }
+
+
+def test_finished_report_of_a_current_pod_succeeds_the_job() -> None:
+    children = _running_children()
+    children.leases.append(_finished_lease("demo-trainer-0", "2026-01-01T11:59:59.000000Z"))
+    verdict = decide.decide(_job().spec, status.observation(children), decide.History())
+    assert [type(d) for d in verdict.decisions] == [decide.Finish]
+    s = status.compute_status(_job(), 2, children, status.JobStatus(phase="Running"), T0, verdict.history)
+    assert s.phase is phases.Phase.SUCCEEDED and s.completion_time == "2026-01-01T12:00:00Z"
+    assert _cond(s, "Succeeded").reason == "TrainingComplete"
+    # The operator restarts: the outcome is read back from the status it wrote, not decided again.
+    again = decide.decide(_job().spec, status.observation(children), status.history(s))
+    assert again.decisions == () and again.history.outcome is decide.Outcome.SUCCEEDED
+
+
+def test_a_stale_finished_report_does_not_end_the_job() -> None:
+    children = _running_children()
+    # Renewed before the current pod was created (a predecessor's), or by a pod that is gone.
+    children.pods[2]["metadata"]["creationTimestamp"] = "2026-01-01T11:00:00Z"
+    children.leases.append(_finished_lease("demo-trainer-0", "2026-01-01T10:00:00.000000Z"))
+    children.leases.append(_finished_lease("demo-trainer-9", "2026-01-01T11:59:59.000000Z"))
+    assert not status.observation(children).finished
+
+
+def test_generators_come_from_spec_then_status_then_planner() -> None:
+    pinned = _job()
+    assert decide.current_generators(pinned.spec, 1) == 2
+    free = _job(pipeline={}, resources={"totalGPUs": 16})
+    assert decide.current_generators(free.spec, 4) == 4  # the autoscaler's I
+    assert decide.current_generators(free.spec, None) == 5  # planner: min(16 // 3, 64)
+    assert decide.current_generators(free.spec, 16) == 5  # no longer fits
+
+
+def test_parse_ignores_foreign_and_broken_status() -> None:
+    assert status.parse({"phase": "Running", "kopf": {"x": 1}}).phase is phases.Phase.RUNNING
+    assert status.parse({"phase": "Sleeping"}) == status.JobStatus()
+    assert status.parse(None) == status.JobStatus()
+
+
+def test_needs_write() -> None:
+    desired = {
+        "kind": "ConfigMap",
+        "metadata": {"name": "a", "annotations": {names.ANNOTATION_DESIRED_HASH: "h1"}},
+    }
+    assert k8s.needs_write(desired, None)
+    assert not k8s.needs_write(desired, {"metadata": {"annotations": {names.ANNOTATION_DESIRED_HASH: "h1"}}})
+    assert k8s.needs_write(desired, {"metadata": {"annotations": {names.ANNOTATION_DESIRED_HASH: "h0"}}})
+    assert k8s.needs_write(desired, {"metadata": {}})  # created by someone else / by hand
+    secret = {
+        "kind": "Secret",
+        "metadata": {"name": "t", "annotations": {names.ANNOTATION_CREATE_ONLY: "true"}},
+    }
+    assert k8s.needs_write(secret, None)
+    assert not k8s.needs_write(secret, {"metadata": {}})  # never rotated by a reconcile
+
+
+def _beat(pod: str, renewed: datetime.datetime) -> dict[str, Any]:
+    """A worker Lease as the operator's index holds it."""
+    return {
+        "metadata": {"name": f"demo-{pod}", "annotations": {}},
+        "spec": {"holderIdentity": pod, "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")},
+    }
+
+
+def _health(children: status.Children, now: datetime.datetime, **spec_overrides: Any) -> status.Condition:
+    job = _job(heartbeat={"intervalSeconds": 5, "timeoutSeconds": 30}, **spec_overrides)
+    return _cond(
+        status.compute_status(job, 2, children, status.JobStatus(phase="Running"), now), "WorkersHealthy"
+    )
+
+
+def test_workers_healthy_while_every_lease_is_renewed_within_the_timeout() -> None:
+    children = _running_children()
+    children.leases.extend(_beat(p["metadata"]["name"], T0) for p in children.pods)
+    c = _health(children, T0 + datetime.timedelta(seconds=29))
+    assert (c.status, c.reason) == ("True", "HeartbeatsCurrent")
+    assert c.message == "4 workers renewed their Lease within 30s"
+
+
+def test_a_silent_worker_is_named_with_its_last_renewal() -> None:
+    children = _running_children()
+    children.leases.extend(_beat(p["metadata"]["name"], T1) for p in children.pods[1:])
+    children.leases.append(_beat("demo-generator-0", T0))
+    c = _health(children, T1 + datetime.timedelta(seconds=10))  # gen-0 silent for 5 min 10 s
+    assert (c.status, c.reason) == ("False", "HeartbeatTimeout")
+    assert c.message == (
+        "1/4 workers silent for more than spec.heartbeat.timeoutSeconds=30: "
+        "demo-generator-0 (last renewed 2026-01-01T12:00:00Z)"
+    )
+    # Still silent 10 s later (the others still current): same message, so no new status write.
+    assert _health(children, T1 + datetime.timedelta(seconds=20)).message == c.message
+
+
+def test_no_lease_yet_is_unknown() -> None:
+    c = _health(_running_children(), T0)
+    assert (c.status, c.reason) == ("Unknown", "NoHeartbeats")
+
+
+def test_leases_of_gone_pods_and_of_a_pods_predecessor_are_ignored() -> None:
+    children = _running_children()
+    children.pods[0]["metadata"]["creationTimestamp"] = "2026-01-01T12:04:00Z"  # gen-0 was replaced at 12:04
+    children.leases.append(_beat("demo-generator-0", T0))  # its predecessor's last renewal (12:00)
+    children.leases.append(_beat("demo-generator-7", T0))  # a pod scaled away long ago
+    assert _health(children, T1).reason == "NoHeartbeats"
+    children.leases.append(_beat("demo-trainer-0", T1))
+    c = _health(children, T1)
+    assert (c.status, c.message) == ("True", "1 workers renewed their Lease within 30s")

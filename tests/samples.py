@@ -1,0 +1,31 @@
+"""Sample records for tests: one place that knows how to make a valid `StepRecord`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plrl_api import records
+
+
+def step_record(**overrides: Any) -> records.StepRecord:
+    """A plausible step-12 record (what `trainer.Coordination.log_step` writes), with `overrides`."""
+    base: dict[str, Any] = {
+        "step": 12,
+        "version": 12,
+        "elapsed_s": 60.0,
+        "step_s": 4.0,
+        "busy_s": 3.0,
+        "reward_mean": 0.375,
+        "lag_mean": 1.25,
+        "lag_max": 3,
+        "mixed_version_samples": 5,
+        "completion_tokens": 900,
+        "generated_tokens_per_s": 800.0,
+        "trained_tokens_per_s": 1000.0,
+        "train_busy_tokens_per_s": 1333.0,
+        "input_tokens": 4000.0,
+        "loss": 0.1,
+        "ess": 0.9,
+        "prompts": records.PromptCounts(issued=40, trained=36, buffered=4),
+    }
+    return records.StepRecord.model_validate(base | overrides)

@@ -1,0 +1,435 @@
+"""The coordinator's promises, without gRPC: what a generator and the trainer can rely on.
+
+Cases: a prompt is out with one generator at a time; expired, dead and replaced generators' leases
+are re-queued and their late returns refused; duplicates refused; every malformed group refused with
+its status code while the lease stays usable; backpressure (blocks, then RESOURCE_EXHAUSTED, lease
+renewed); the lag policy drops and counts; accounting balances exactly, also under concurrency;
+export/restore loses and repeats nothing; stop; control channels; IdRanges is a set.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import hypothesis
+import hypothesis.strategies as st
+import numpy
+import pydantic
+import pytest
+
+from plrl_api import records
+from plrl_workers import protocol
+from plrl_workers.coordinator import core as coordinator
+from plrl_workers.coordinator import state as restart
+
+G = 2
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def prompts(n: int, start: int = 0) -> Iterator[protocol.Prompt]:
+    for i in range(start, start + n):
+        yield protocol.Prompt(prompt_id=i, text=f"q{i}", answer=str(i), token_ids=(1, 2, i % 50))
+
+
+def sample(n: int = 3, version: int = 0, reward: float = 1.0) -> protocol.Sample:
+    return protocol.Sample(
+        token_ids=[5] * n, logprobs=[-0.5] * n, versions=[version] * n, reward=reward, finish_reason="stop"
+    )
+
+
+def group_for(lease: protocol.Lease, generator: str | None = None, version: int = 0) -> protocol.RolloutGroup:
+    return protocol.RolloutGroup(
+        lease_id=lease.lease_id,
+        prompt_id=lease.prompt.prompt_id,
+        prompt_token_ids=list(lease.prompt.token_ids),
+        samples=[sample(version=version) for _ in range(G)],
+        generator_id=generator or lease.generator_id,
+    )
+
+
+def make(n: int = 10, clock: Clock | None = None, **kw: object) -> coordinator.Coordinator:
+    config = coordinator.Config(samples_per_prompt=G, **kw)  # type: ignore[arg-type]
+    c = coordinator.Coordinator(prompts(n), config, clock=clock or Clock())
+    c.register("a")
+    c.register("b")
+    return c
+
+
+def assert_balanced(c: coordinator.Coordinator) -> records.PromptCounts:
+    a = c.stats().accounting
+    assert a.balanced, a
+    return a
+
+
+def test_lease_submit_take_finish_accounts_every_prompt_once() -> None:
+    c = make(n=3)
+    batch = c.lease("a", 10)
+    assert [x.prompt.prompt_id for x in batch.leases] == [0, 1, 2]
+    assert all(c.submit(group_for(x)).ok for x in batch.leases)
+    taken = c.take(3, timeout_s=1)
+    assert sorted(g.prompt_id for g in taken) == [0, 1, 2]
+    assert assert_balanced(c).in_training == 3
+    c.finish_step(1)
+    a = assert_balanced(c)
+    assert (a.issued, a.trained, a.in_training) == (3, 3, 0)
+    assert c.stats().finished
+    assert c.lease("b", 1).finished
+
+
+def test_a_prompt_is_out_with_one_generator_until_its_lease_expires() -> None:
+    clock = Clock()
+    c = make(n=1, clock=clock, lease_timeout_s=10.0)
+    (lease_a,) = c.lease("a", 5).leases
+    again = c.lease("b", 5)
+    assert again.leases == [] and not again.finished  # a holds it; it may still come back
+    clock.t += 11
+    (lease_b,) = c.lease("b", 5).leases
+    assert lease_b.prompt == lease_a.prompt and lease_b.lease_id != lease_a.lease_id
+    late = c.submit(group_for(lease_a))
+    assert late.code is protocol.Code.FAILED_PRECONDITION
+    assert c.submit(group_for(lease_b)).ok
+    assert c.submit(group_for(lease_b)).code is protocol.Code.ALREADY_EXISTS
+    c.take(1, timeout_s=1)
+    c.finish_step(1)
+    a = assert_balanced(c)
+    assert (a.issued, a.trained) == (1, 1)
+    assert c.stats().leases_expired == 1
+
+
+def test_dead_or_replaced_generators_lose_their_leases_to_the_queue() -> None:
+    c = make(n=4)
+    a_leases = c.lease("a", 2).leases
+    b_leases = c.lease("b", 2).leases
+    c.generator_dead("a")
+    assert c.stats().accounting.requeued == 2
+    with pytest.raises(protocol.Refused) as err:
+        c.lease("a", 1)
+    assert err.value.code is protocol.Code.FAILED_PRECONDITION
+    c.register("b")  # b restarted under the same name: its old leases go back too
+    assert c.stats().accounting.requeued == 4
+    assert all(c.submit(group_for(x)).code is protocol.Code.FAILED_PRECONDITION for x in a_leases + b_leases)
+    fresh = c.lease("b", 10).leases
+    assert sorted(x.prompt.prompt_id for x in fresh) == [0, 1, 2, 3]
+    assert c.stats().leases_revoked == 4
+    assert_balanced(c)
+
+
+def _bad(kind: str, g: protocol.RolloutGroup) -> None:
+    s = g.samples[0]
+    if kind == "lengths":
+        s.logprobs = numpy.append(s.logprobs, -1.0)
+    elif kind == "nan_logprob":
+        s.logprobs[1] = math.nan
+    elif kind == "inf_logprob":
+        s.logprobs[1] = -math.inf
+    elif kind == "positive_logprob":
+        s.logprobs[0] = 0.25
+    elif kind == "decreasing_versions":
+        s.versions[:] = [1, 0, 0]
+    elif kind == "future_version":
+        s.versions[:] = [0, 0, 7]
+    elif kind == "negative_version":
+        s.versions[:] = [-1, 0, 0]
+    elif kind == "sample_count":
+        g.samples.pop()
+    elif kind == "reward":
+        s.reward = math.inf
+    elif kind == "finish_reason":
+        s.finish_reason = "eaten"
+    elif kind == "prompt_id":
+        g.prompt_id += 1
+    elif kind == "prompt_tokens":
+        g.prompt_token_ids.append(9)
+    elif kind == "token_range":
+        s.token_ids[0] = 10_000
+    elif kind == "unknown_lease":
+        g.lease_id = "nope-1"
+    elif kind == "other_generator":
+        g.generator_id = "b"
+
+
+BAD = {
+    "lengths": protocol.Code.INVALID_ARGUMENT,
+    "nan_logprob": protocol.Code.INVALID_ARGUMENT,
+    "inf_logprob": protocol.Code.INVALID_ARGUMENT,
+    "positive_logprob": protocol.Code.INVALID_ARGUMENT,
+    "decreasing_versions": protocol.Code.INVALID_ARGUMENT,
+    "future_version": protocol.Code.FAILED_PRECONDITION,
+    "negative_version": protocol.Code.INVALID_ARGUMENT,
+    "sample_count": protocol.Code.INVALID_ARGUMENT,
+    "reward": protocol.Code.INVALID_ARGUMENT,
+    "finish_reason": protocol.Code.INVALID_ARGUMENT,
+    "prompt_id": protocol.Code.INVALID_ARGUMENT,
+    "prompt_tokens": protocol.Code.INVALID_ARGUMENT,
+    "token_range": protocol.Code.INVALID_ARGUMENT,
+    "unknown_lease": protocol.Code.NOT_FOUND,
+    "other_generator": protocol.Code.FAILED_PRECONDITION,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_malformed_group_is_refused_and_the_lease_stays_usable(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = make(n=1, vocab_size=100)
+    (lease,) = c.lease("a", 1).leases
+    bad = group_for(lease)
+    _bad(kind, bad)
+    result = c.submit(bad)
+    assert result.code is BAD[kind], result
+    assert result.message
+    assert any(BAD[kind].name in r.getMessage() for r in caplog.records)
+    assert c.stats().refused == {BAD[kind].name: 1}
+    assert c.submit(group_for(lease)).ok
+    assert_balanced(c)
+
+
+def test_full_buffer_blocks_a_submit_until_the_trainer_takes() -> None:
+    c = make(n=3, buffer_groups=1, submit_wait_s=10.0)
+    leases = c.lease("a", 2).leases
+    assert c.submit(group_for(leases[0])).ok
+    results: list[protocol.SubmitResult] = []
+    t = threading.Thread(target=lambda: results.append(c.submit(group_for(leases[1]))))
+    t.start()
+    time.sleep(0.2)
+    assert results == [] and c.stats().accounting.buffered == 1  # still waiting for space
+    assert [g.prompt_id for g in c.take(1, timeout_s=1)] == [leases[0].prompt.prompt_id]
+    t.join(timeout=5)
+    assert results[0].ok
+    assert_balanced(c)
+
+
+def test_full_buffer_refuses_after_the_wait_and_the_group_can_be_sent_again() -> None:
+    clock = Clock()
+    c = make(n=3, clock=clock, buffer_groups=1, submit_wait_s=0.05, lease_timeout_s=10.0)
+    leases = c.lease("a", 2).leases
+    assert c.submit(group_for(leases[0])).ok
+    clock.t += 9
+    refused = c.submit(group_for(leases[1]))
+    assert refused.code is protocol.Code.RESOURCE_EXHAUSTED
+    clock.t += 9  # 18 s after the lease, but the refused submit renewed it
+    c.take(1, timeout_s=1)
+    assert c.submit(group_for(leases[1])).ok
+    assert c.stats().leases_expired == 0
+    assert_balanced(c)
+
+
+def test_two_racing_submits_of_one_lease_accept_it_once() -> None:
+    c = make(n=3, buffer_groups=1, submit_wait_s=10.0)
+    first, second = c.lease("a", 2).leases
+    assert c.submit(group_for(first)).ok  # the buffer is now full: both racers wait
+    results: list[protocol.SubmitResult] = []
+    racers = [threading.Thread(target=lambda: results.append(c.submit(group_for(second)))) for _ in range(2)]
+    for t in racers:
+        t.start()
+    time.sleep(0.2)
+    c.take(1, timeout_s=1)
+    for t in racers:
+        t.join(timeout=5)
+    assert sorted(r.code for r in results) == [protocol.Code.OK, protocol.Code.ALREADY_EXISTS]
+    assert_balanced(c)
+
+
+def test_prompts_the_trainer_dropped_for_lag_are_counted_as_dropped() -> None:
+    c = make(n=2)
+    old, new = c.lease("a", 2).leases
+    assert c.submit(group_for(old, version=0)).ok
+    assert c.submit(group_for(new, version=0)).ok
+    assert len(c.take(2, timeout_s=0.2)) == 2
+    c.finish_step(3, dropped=[old.prompt.prompt_id])
+    a = assert_balanced(c)
+    assert (a.issued, a.trained, a.dropped_by_lag) == (2, 1, 1)
+
+
+def test_finish_step_refuses_dropping_a_prompt_it_was_not_given() -> None:
+    c = make(n=2)
+    (x,) = c.lease("a", 1).leases
+    assert c.submit(group_for(x)).ok
+    c.take(1, timeout_s=0.2)
+    with pytest.raises(ValueError, match="not taken"):
+        c.finish_step(1, dropped=[x.prompt.prompt_id + 1])
+
+
+def test_finish_step_refuses_to_go_back() -> None:
+    c = make()
+    c.finish_step(3)
+    with pytest.raises(ValueError, match="older"):
+        c.finish_step(2)
+
+
+def test_export_and_restore_lose_and_repeat_nothing() -> None:
+    c = make(n=6)
+    leases = c.lease("a", 3).leases
+    for x in leases[:2]:
+        assert c.submit(group_for(x)).ok
+    c.take(1, timeout_s=1)
+    c.finish_step(1)
+    c.take(1, timeout_s=1)  # taken but its step never finished: must be trained again after restore
+    state = json.loads(json.dumps(c.export_state()))
+    assert state["pending"] and state["weight_version"] == 1
+
+    r = coordinator.Coordinator(prompts(6), coordinator.Config(samples_per_prompt=G), state=state)
+    assert r.weight_version == 1
+    r.register("z")
+    again = r.lease("z", 10).leases
+    trained_before = {i for lo, hi in state["completed"] for i in range(lo, hi + 1)}
+    assert len(trained_before) == 1
+    got = [x.prompt.prompt_id for x in again]
+    assert sorted(got) == sorted(set(range(6)) - trained_before)
+    for x in again:
+        assert r.submit(group_for(x, version=1)).ok
+    r.take(len(again), timeout_s=1)
+    r.finish_step(2)
+    a = assert_balanced(r)
+    assert (a.issued, a.trained) == (6, 6)
+    assert r.stats().finished
+
+
+def test_restore_skips_prompts_the_source_repeats_after_completion() -> None:
+    c = make(n=2)
+    for x in c.lease("a", 2).leases:
+        c.submit(group_for(x))
+    c.take(2, timeout_s=1)
+    c.finish_step(1)
+    state = c.export_state()
+    # A source that starts over from the beginning (skip_source=False): completed ids are skipped.
+    r = coordinator.Coordinator(
+        prompts(3), coordinator.Config(samples_per_prompt=G), state=state, skip_source=False
+    )
+    r.register("a")
+    assert [x.prompt.prompt_id for x in r.lease("a", 10).leases] == [2]
+
+
+def test_restore_rejects_an_unbalanced_record_naming_the_fields() -> None:
+    c = make(n=2)
+    c.lease("a", 1)
+    state = c.export_state()
+    state["issued"] = 5
+    with pytest.raises(pydantic.ValidationError, match="issued=5"):
+        coordinator.Coordinator(prompts(2), coordinator.Config(samples_per_prompt=G), state=state)
+
+
+def test_stop_ends_leasing_and_wakes_the_trainer() -> None:
+    c = make(n=5)
+    channel = c.attach_control("a")
+    c.stop("done")
+    assert channel.get(timeout=1) == protocol.Stop("done")
+    assert c.lease("a", 3) == protocol.LeaseBatch([], True)
+    start = time.monotonic()
+    assert c.take(4, timeout_s=30) == []
+    assert time.monotonic() - start < 5
+
+
+def test_control_channels_carry_weight_announcements_to_members_only() -> None:
+    c = make()
+    group = protocol.GroupInfo("127.0.0.1", 1234, 1, 2, 1, "gloo")
+    ann = protocol.Announcement(3, 1, (protocol.ParamMeta("w", "float32", (2,)),), 1 << 20)
+    assert c.weight_members() == []
+    assert not c.announce_weights("a", group, ann)
+    channel = c.attach_control("a")
+    assert c.weight_members() == ["a"]
+    assert c.announce_weights("a", group, ann)
+    assert c.request_pull("a", 3)
+    assert channel.get(timeout=1) == protocol.WeightUpdate(group, ann)
+    assert channel.get(timeout=1) == protocol.PullWeights(3)
+    newer = c.attach_control("a")
+    assert channel.get(timeout=1) is None  # the older stream is told to end
+    c.detach_control("a", channel)  # a late detach of the old stream leaves the new one alone
+    assert c.weight_members() == ["a"]
+    c.detach_control("a", newer)
+    assert c.weight_members() == []
+    with pytest.raises(protocol.Refused):
+        c.attach_control("stranger")
+
+
+def test_accounting_is_exact_with_concurrent_generators_and_a_death() -> None:
+    n = 120
+    c = make(n=n, buffer_groups=8, submit_wait_s=5.0, lease_timeout_s=60.0)
+    for g in ("c", "d"):
+        c.register(g)
+    trained: list[int] = []
+    stop = threading.Event()
+
+    def generator(name: str, die_after: int | None) -> None:
+        rng = random.Random(name)
+        done = 0
+        while not stop.is_set():
+            try:
+                batch = c.lease(name, rng.randint(1, 4), wait_s=0.05)
+            except protocol.Refused:
+                return  # declared dead
+            if batch.finished:
+                return
+            for lease in batch.leases:
+                if die_after is not None and done >= die_after:
+                    c.generator_dead(name, "test kill")
+                    return
+                c.submit(group_for(lease))
+                done += 1
+
+    def trainer() -> None:
+        step = 0
+        while not c.stats().finished:
+            groups = c.take(4, timeout_s=0.2)
+            trained.extend(g.prompt_id for g in groups)
+            step += 1
+            c.finish_step(step)
+            assert_balanced(c)
+
+    threads = [threading.Thread(target=generator, args=(g, 7 if g == "b" else None)) for g in "abcd"]
+    threads.append(threading.Thread(target=trainer))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    stop.set()
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(trained) == list(range(n))  # every prompt trained, none twice
+    a = assert_balanced(c)
+    assert (a.issued, a.trained) == (n, n)
+
+
+@hypothesis.given(st.lists(st.integers(min_value=-50, max_value=50), max_size=80))
+def test_id_ranges_behave_like_a_set(xs: list[int]) -> None:
+    r = restart.IdRanges()
+    seen: set[int] = set()
+    for x in xs:
+        assert r.add(x) == (x not in seen)
+        seen.add(x)
+    assert len(r) == len(seen)
+    assert all((x in r) == (x in seen) for x in range(-52, 53))
+    ranges = r.ranges()
+    assert all(lo <= hi for lo, hi in ranges)
+    assert all(h + 1 < lo for (_, h), (lo, _) in itertools.pairwise(ranges))
+    assert restart.IdRanges(ranges).ranges() == ranges
+
+
+def test_a_prompt_budget_leaves_nothing_issued_and_untrained() -> None:
+    c = make(n=100, prompt_budget=3)
+    leases = c.lease("a", 10).leases
+    assert len(leases) == 3  # no more than the job will train
+    for x in leases:
+        assert c.submit(group_for(x)).ok
+    taken = c.take(3, timeout_s=0.2)
+    c.finish_step(1, dropped=[taken[0].prompt_id])  # the lag policy dropped one: it is replaced
+    (replacement,) = c.lease("b", 10).leases
+    assert c.submit(group_for(replacement)).ok
+    c.take(1, timeout_s=0.2)
+    c.finish_step(2)
+    a = assert_balanced(c)
+    assert (a.issued, a.trained, a.dropped_by_lag) == (4, 3, 1)
+    assert c.stats().finished
+    assert c.lease("a", 10).finished

@@ -1,0 +1,507 @@
+"""The job's coordinator (runs in trainer rank 0): prompt leases, rollout intake, accounting, control.
+
+Every prompt drawn from the source is *issued* once and then lives in exactly one state until it is
+*trained* or *dropped by the lag policy*:
+
+    leased (out with one generator) -> buffered (accepted, waiting) -> in_training (taken) -> trained
+        |  lease deadline passed, generator dead or replaced           \\-> dropped_by_lag (finish_step)
+        v
+    requeued (front of the queue, leased again before new prompts)
+
+so `issued == trained + dropped_by_lag + leased + requeued + buffered + in_training` always holds
+(`protocol.Stats.accounting`). A lease id is used once: a second submit of an accepted lease is
+ALREADY_EXISTS, a late submit of a lease that was re-queued is FAILED_PRECONDITION, so no prompt is
+trained twice.
+
+Backpressure: the rollout buffer holds `buffer_groups` groups. `submit` blocks up to `submit_wait_s`
+for space (while it blocks the gRPC stream is not read, so HTTP/2 flow control stalls the generator);
+after that it returns RESOURCE_EXHAUSTED and renews the lease, and the generator re-sends the same
+group later. Blocking first keeps the common case (a short stall) free of retries; the timeout keeps a
+stalled trainer from pinning generator threads forever.
+
+No grpc, no torch: `rpc/server.py` maps these calls to RPCs; `checks.py` validates
+rollouts; `state.py` is the restart record; `control.py` queues control
+events for generators (weight updates, pull requests, stop), drained by the server's control stream.
+
+Usage (trainer rank 0):
+
+    coord = coordinator.Coordinator(task_prompts, coordinator.Config(samples_per_prompt=8))
+    server = rpc.server.serve(coord, snapshots, port=0, token=token)
+    while not coord.stats().finished:
+        groups = coord.take(batch_groups, timeout_s=60)
+        ... train one step on groups ...
+        coord.finish_step(step)           # marks them trained; tokens up to version `step` accepted
+        bc.broadcast(step, model.named_parameters(), coord.weight_members(), coord.announce_weights)
+    state = coord.export_state()          # into the checkpoint
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Collection, Iterator
+
+from plrl_api import records
+from plrl_workers import protocol
+from plrl_workers.coordinator import checks, control
+from plrl_workers.coordinator import state as restart
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    samples_per_prompt: int
+    """G: samples every rollout group must hold."""
+    buffer_groups: int = 64
+    """Capacity of the rollout buffer, in groups; full means submits wait (backpressure)."""
+    lease_timeout_s: float = 600.0
+    """A lease not returned within this many seconds (renewed by every submit attempt) is re-queued."""
+    submit_wait_s: float = 10.0
+    """How long a submit waits for buffer space before it is refused with RESOURCE_EXHAUSTED."""
+    vocab_size: int | None = None
+    """If set, token ids must lie in [0, vocab_size)."""
+    prompt_budget: int | None = None
+    """Prompts the job trains in all (total steps x B/G). New prompts are issued only while
+    trained + outstanding < budget, so a finished run leaves no prompt issued and untrained; prompts
+    the lag policy drops are replaced. None: issue while the source lasts."""
+    closed_lease_memory: int = 100_000
+    """How many finished lease ids are remembered to tell duplicates/late returns from unknown ones."""
+
+
+class Coordinator:
+    """Thread-safe; every public method may be called from any gRPC handler thread.
+
+    `source` yields `protocol.Prompt`s with unique, restart-stable ids; with `state` (from
+    `export_state()`), the first `state["next_index"]` items are skipped unless `skip_source=False`
+    (pass a source already positioned there), and unfinished prompts are re-queued.
+    `clock` is injectable for tests; waits use real time.
+    """
+
+    def __init__(
+        self,
+        source: Iterator[protocol.Prompt],
+        config: Config,
+        *,
+        state: dict[str, object] | None = None,
+        skip_source: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._session = uuid.uuid4().hex[:12]
+        self._lease_seq = itertools.count(1)
+        self._source = source
+        self._source_exhausted = False
+        self._stopping = False
+        self._version = 0
+        self._next_index = 0
+        self._issued = self._trained = self._dropped = 0
+        self._budget = config.prompt_budget
+        self._completed = restart.IdRanges()
+        self._pending: dict[int, protocol.Prompt] = {}  # issued, not yet trained or dropped
+        self._queue: collections.deque[protocol.Prompt] = collections.deque()  # re-queued prompts
+        self._leases: dict[str, protocol.Lease] = {}
+        self._deadlines: list[tuple[float, str]] = []  # heap; stale entries skipped
+        self._closed: collections.OrderedDict[str, str] = collections.OrderedDict()  # lease id -> outcome
+        self._buffer: collections.deque[protocol.RolloutGroup] = collections.deque()
+        self._in_training: list[protocol.RolloutGroup] = []
+        self._generators: dict[str, set[str]] = {}  # generator id -> its lease ids
+        self._control = control.ControlHub()
+        self._expired = self._revoked = 0
+        self._refused: collections.Counter[str] = collections.Counter()
+        if state is not None:
+            self._restore(restart.CoordinatorState.model_validate(state), skip_source)
+
+    # ---- generators ------------------------------------------------------------------------
+
+    def register(self, generator_id: str) -> protocol.Registration:
+        """Admit a generator; a known id is a replaced process: its old leases are re-queued."""
+        if not generator_id:
+            raise protocol.Refused(protocol.Code.INVALID_ARGUMENT, "generator_id must not be empty")
+        with self._cond:
+            if generator_id in self._generators:
+                self._revoke_locked(generator_id, "re-registered (replaced)")
+                self._control.close(generator_id)  # the old process's stream, if still open
+            self._generators[generator_id] = set()
+            log.info("generator %s registered", generator_id)
+            return protocol.Registration(
+                self._version, self.config.samples_per_prompt, self.config.lease_timeout_s, self._session
+            )
+
+    def generator_dead(self, generator_id: str, reason: str = "declared dead") -> None:
+        """Forget a generator: its leases are re-queued, its control stream ends."""
+        with self._cond:
+            if generator_id in self._generators:
+                self._revoke_locked(generator_id, reason)
+                del self._generators[generator_id]
+        self._control.close(generator_id)
+
+    def _revoke_locked(self, generator_id: str, reason: str) -> None:
+        lease_ids = self._generators.get(generator_id, set())
+        if lease_ids:
+            log.warning("generator %s %s: re-queueing %d leases", generator_id, reason, len(lease_ids))
+        for lease_id in sorted(lease_ids):
+            self._requeue_locked(self._leases[lease_id], "revoked")
+            self._revoked += 1
+        lease_ids.clear()
+
+    # ---- leases ----------------------------------------------------------------------------
+
+    def lease(self, generator_id: str, max_prompts: int, wait_s: float = 0.0) -> protocol.LeaseBatch:
+        """Lease up to `max_prompts` prompts (re-queued ones first), waiting up to `wait_s` for any."""
+        end = time.monotonic() + wait_s
+        with self._cond:
+            if generator_id not in self._generators:
+                raise protocol.Refused(
+                    protocol.Code.FAILED_PRECONDITION, f"generator {generator_id!r} is not registered"
+                )
+            while True:
+                self._expire_locked()
+                out: list[protocol.Lease] = []
+                while len(out) < max_prompts:
+                    prompt = self._next_prompt_locked()
+                    if prompt is None:
+                        break
+                    out.append(self._grant_locked(prompt, generator_id))
+                finished = (
+                    self._stopping
+                    or self._finished_locked()
+                    or (self._source_exhausted and not self._queue and not self._leases)
+                )
+                remaining = end - time.monotonic()
+                # With the budget used up only a re-queued lease could arrive: do not make the
+                # caller wait for one (conventional rounds end on this answer).
+                spent = not self._queue and not self._budget_left_locked()
+                if out or finished or spent or remaining <= 0:
+                    return protocol.LeaseBatch(out, finished)
+                self._cond.wait(min(remaining, 1.0))
+
+    def _next_prompt_locked(self) -> protocol.Prompt | None:
+        if self._stopping:
+            return None
+        if self._queue:
+            return self._queue.popleft()
+        while not self._source_exhausted and self._budget_left_locked():
+            prompt = next(self._source, None)
+            if prompt is None:
+                self._source_exhausted = True
+                break
+            self._next_index += 1
+            if prompt.prompt_id in self._completed or prompt.prompt_id in self._pending:
+                log.warning("source repeated prompt id %d; skipped", prompt.prompt_id)
+                continue
+            self._issued += 1
+            self._pending[prompt.prompt_id] = prompt
+            return prompt
+        return None
+
+    def _grant_locked(self, prompt: protocol.Prompt, generator_id: str) -> protocol.Lease:
+        lease = protocol.Lease(
+            lease_id=f"{self._session}-{next(self._lease_seq)}",
+            prompt=prompt,
+            generator_id=generator_id,
+            deadline=self._clock() + self.config.lease_timeout_s,
+        )
+        self._leases[lease.lease_id] = lease
+        self._generators[generator_id].add(lease.lease_id)
+        heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id))
+        return lease
+
+    def _expire_locked(self) -> None:
+        now = self._clock()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, lease_id = heapq.heappop(self._deadlines)
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.deadline > now:
+                continue  # finished, or renewed (a newer heap entry exists)
+            log.warning(
+                "lease %s (prompt %d, %s) expired", lease_id, lease.prompt.prompt_id, lease.generator_id
+            )
+            self._generators.get(lease.generator_id, set()).discard(lease_id)
+            self._requeue_locked(lease, "expired")
+            self._expired += 1
+
+    def _requeue_locked(self, lease: protocol.Lease, outcome: str) -> None:
+        del self._leases[lease.lease_id]
+        self._remember_locked(lease.lease_id, outcome)
+        self._queue.appendleft(lease.prompt)
+        self._cond.notify_all()
+
+    def _remember_locked(self, lease_id: str, outcome: str) -> None:
+        self._closed[lease_id] = outcome
+        while len(self._closed) > self.config.closed_lease_memory:
+            self._closed.popitem(last=False)
+
+    # ---- rollouts --------------------------------------------------------------------------
+
+    def submit(self, group: protocol.RolloutGroup) -> protocol.SubmitResult:
+        """Validate and buffer one group; blocks up to `Config.submit_wait_s` while the buffer is full."""
+        with self._cond:
+            self._expire_locked()
+            lease = self._leases.get(group.lease_id)
+            refusal = self._lease_refusal_locked(group, lease)
+            version = self._version
+        if refusal is None and lease is not None:
+            refusal = checks.check_group(
+                group,
+                lease.prompt,
+                samples_per_prompt=self.config.samples_per_prompt,
+                current_version=version,
+                vocab_size=self.config.vocab_size,
+            )
+        if refusal is not None:
+            return self.refuse(group.lease_id, group.generator_id, *refusal)
+        assert lease is not None
+        end = time.monotonic() + self.config.submit_wait_s
+        with self._cond:
+            self._renew_locked(lease)
+            while (
+                len(self._buffer) >= self.config.buffer_groups
+                and not self._stopping
+                and self._leases.get(group.lease_id) is lease  # else settled below
+            ):
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    return self.refuse(
+                        group.lease_id,
+                        group.generator_id,
+                        protocol.Code.RESOURCE_EXHAUSTED,
+                        "rollout buffer full; retry later",
+                    )
+                self._cond.wait(remaining)
+            self._expire_locked()
+            current = self._leases.get(group.lease_id)
+            if current is not lease:  # accepted (a duplicate raced us) or re-queued while we waited
+                code, reason = self._lease_refusal_locked(group, current) or (
+                    protocol.Code.FAILED_PRECONDITION,
+                    "lease was re-queued while waiting",
+                )
+                return self.refuse(group.lease_id, group.generator_id, code, reason)
+            if self._stopping:
+                return self.refuse(
+                    group.lease_id, group.generator_id, protocol.Code.UNAVAILABLE, "coordinator is stopping"
+                )
+            del self._leases[lease.lease_id]
+            self._generators.get(lease.generator_id, set()).discard(lease.lease_id)
+            self._remember_locked(lease.lease_id, "accepted")
+            self._buffer.append(group)
+            self._cond.notify_all()
+        return protocol.SubmitResult(group.lease_id, protocol.Code.OK)
+
+    def _lease_refusal_locked(
+        self, group: protocol.RolloutGroup, lease: protocol.Lease | None
+    ) -> tuple[protocol.Code, str] | None:
+        if lease is None:
+            outcome = self._closed.get(group.lease_id)
+            if outcome == "accepted":
+                return protocol.Code.ALREADY_EXISTS, "this lease's rollouts were already accepted"
+            if outcome is not None:
+                return protocol.Code.FAILED_PRECONDITION, f"lease {outcome}; its prompt was re-queued"
+            return protocol.Code.NOT_FOUND, "unknown lease"
+        if group.generator_id != lease.generator_id:
+            return protocol.Code.FAILED_PRECONDITION, f"lease belongs to {lease.generator_id!r}"
+        return None
+
+    def _renew_locked(self, lease: protocol.Lease) -> None:
+        lease.deadline = self._clock() + self.config.lease_timeout_s
+        heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id))
+
+    def refuse(
+        self, lease_id: str, generator_id: str, code: protocol.Code, reason: str
+    ) -> protocol.SubmitResult:
+        """Count and log a refused group (also for groups the RPC layer could not even decode)."""
+        with self._cond:
+            self._refused[code.name] += 1
+        level = logging.INFO if code is protocol.Code.RESOURCE_EXHAUSTED else logging.WARNING
+        log.log(
+            level, "refused rollouts of lease %s from %s: %s: %s", lease_id, generator_id, code.name, reason
+        )
+        return protocol.SubmitResult(lease_id, code, reason)
+
+    def count_refusal(self, reason: str) -> None:
+        """Count a refusal decided elsewhere (e.g. the RPC layer's auth check)."""
+        with self._cond:
+            self._refused[reason] += 1
+
+    # ---- trainer ---------------------------------------------------------------------------
+
+    def take(self, n_groups: int, timeout_s: float | None = None) -> list[protocol.RolloutGroup]:
+        """Up to `n_groups` groups, oldest first; fewer only on timeout, stop, or a finished job.
+
+        Taken groups are in training until `finish_step()`. The lag policy is the trainer's
+        (`rl/lag.py`): it reports the prompts it dropped to `finish_step`.
+        """
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        out: list[protocol.RolloutGroup] = []
+        with self._cond:
+            while len(out) < n_groups:
+                while self._buffer and len(out) < n_groups:
+                    group = self._buffer.popleft()
+                    self._in_training.append(group)
+                    out.append(group)
+                self._cond.notify_all()
+                if len(out) >= n_groups or self._stopping or self._finished_locked():
+                    break
+                remaining = None if end is None else end - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._cond.wait(1.0 if remaining is None else min(remaining, 1.0))
+                self._expire_locked()
+        return out
+
+    def _complete_locked(self, prompt_id: int) -> None:
+        del self._pending[prompt_id]
+        self._completed.add(prompt_id)
+
+    def finish_step(self, version: int, dropped: Collection[int] = ()) -> None:
+        """The trainer finished an optimizer step; weights are now `version`.
+
+        Taken groups count as trained, except the prompt ids in `dropped`, which the trainer's lag
+        policy dropped (every sample too old). Call before broadcasting `version`, so rollouts
+        carrying it are accepted.
+        """
+        with self._cond:
+            if version < self._version:
+                raise ValueError(f"weight version {version} is older than the current {self._version}")
+            taken = {g.prompt_id for g in self._in_training}
+            if not set(dropped) <= taken:
+                raise ValueError(
+                    f"dropped prompts {sorted(set(dropped) - taken)} were not taken for this step"
+                )
+            self._version = version
+            for group in self._in_training:
+                self._complete_locked(group.prompt_id)
+            self._dropped += len(set(dropped))
+            self._trained += len(self._in_training) - len(set(dropped))
+            self._in_training.clear()
+            self._cond.notify_all()
+
+    def now(self) -> float:
+        """The coordinator's clock (lease deadlines are on it)."""
+        return self._clock()
+
+    @property
+    def weight_version(self) -> int:
+        with self._cond:
+            return self._version
+
+    def stop(self, reason: str = "job finished") -> None:
+        """Refuse new leases and submits, wake every waiter, and send Stop on every control stream."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._control.stop_all(reason)
+
+    # ---- control streams -------------------------------------------------------------------
+
+    def attach_control(self, generator_id: str) -> control.Channel:
+        """Open `generator_id`'s control channel (replacing an older one, which gets None = closed)."""
+        with self._cond:
+            if generator_id not in self._generators:
+                raise protocol.Refused(
+                    protocol.Code.FAILED_PRECONDITION, f"generator {generator_id!r} is not registered"
+                )
+        return self._control.attach(generator_id)
+
+    def detach_control(self, generator_id: str, channel: control.Channel) -> None:
+        self._control.detach(generator_id, channel)
+
+    def weight_members(self) -> list[str]:
+        """Generators that can take part in a weight broadcast now (those with an open control stream)."""
+        return self._control.members()
+
+    def announce_weights(
+        self, generator_id: str, group: protocol.GroupInfo, announcement: protocol.Announcement
+    ) -> bool:
+        """`sender.Announce` callback: queue a WeightUpdate; False if the generator has no control stream."""
+        return self._control.send(generator_id, protocol.WeightUpdate(group, announcement))
+
+    def request_pull(self, generator_id: str, version: int) -> bool:
+        return self._control.send(generator_id, protocol.PullWeights(version))
+
+    # ---- reporting and restart -------------------------------------------------------------
+
+    def _budget_left_locked(self) -> bool:
+        budget = self._budget
+        return budget is None or self._trained + len(self._pending) < budget
+
+    def set_prompt_budget(self, budget: int | None) -> None:
+        """Raise (or set) the prompt budget; conventional mode opens one round's worth at a time."""
+        with self._cond:
+            self._budget = budget
+            self._cond.notify_all()
+
+    def _finished_locked(self) -> bool:
+        """Nothing outstanding and nothing more to issue (source exhausted or budget trained)."""
+        return not self._pending and (self._source_exhausted or not self._budget_left_locked())
+
+    def stats(self) -> protocol.Stats:
+        with self._cond:
+            self._expire_locked()
+            return protocol.Stats(
+                accounting=records.PromptCounts(
+                    issued=self._issued,
+                    trained=self._trained,
+                    dropped_by_lag=self._dropped,
+                    leased=len(self._leases),
+                    requeued=len(self._queue),
+                    buffered=len(self._buffer),
+                    in_training=len(self._in_training),
+                ),
+                weight_version=self._version,
+                buffer_capacity=self.config.buffer_groups,
+                generators=len(self._generators),
+                control_streams=len(self._control.members()),
+                leases_expired=self._expired,
+                leases_revoked=self._revoked,
+                refused=dict(self._refused),
+                source_exhausted=self._source_exhausted,
+                finished=self._finished_locked(),
+            )
+
+    def export_state(self) -> dict[str, object]:
+        """The restart record (JSON-able; see `state.CoordinatorState`)."""
+        with self._cond:
+            record = restart.CoordinatorState(
+                weight_version=self._version,
+                next_index=self._next_index,
+                issued=self._issued,
+                trained=self._trained,
+                dropped_by_lag=self._dropped,
+                completed=self._completed.ranges(),
+                pending=[
+                    restart.PendingPrompt(
+                        prompt_id=p.prompt_id, text=p.text, answer=p.answer, token_ids=p.token_ids
+                    )
+                    for _, p in sorted(self._pending.items())
+                ],
+            )
+            return record.model_dump(mode="json")
+
+    def _restore(self, state: restart.CoordinatorState, skip_source: bool) -> None:
+        self._version = state.weight_version
+        self._next_index = state.next_index
+        self._issued, self._trained, self._dropped = state.issued, state.trained, state.dropped_by_lag
+        self._completed = restart.IdRanges(state.completed)
+        for p in state.pending:
+            prompt = protocol.Prompt(p.prompt_id, p.text, p.answer, tuple(p.token_ids))
+            self._queue.append(prompt)
+            self._pending[p.prompt_id] = prompt
+        if skip_source:
+            for _ in itertools.islice(self._source, state.next_index):
+                pass
+        log.info(
+            "coordinator restored: version %d, %d trained, %d dropped, %d re-queued",
+            self._version,
+            self._trained,
+            self._dropped,
+            len(self._queue),
+        )
