@@ -9,8 +9,9 @@ The run directory holds everything: `job.yaml` (the resolved spec), `model/` (th
 model), `config/`, `logs/`, `checkpoints/`, `metrics.jsonl`, `summary.json` and `report.png`.
 Running again on the same directory resumes from the latest checkpoint.
 
-Neighbours: `supervisor.py` (processes), `report.py` (progress, summary, plot), `config.py` (the
-files it writes), `models/tiny.py` + `tasks/warm_start.py` (the built-in model).
+Neighbours: `supervisor.py` (processes), `local_devices.py` (which GPUs each process sees),
+`report.py` (progress, summary, plot), `config.py` (the files it writes), `models/tiny.py` +
+`tasks/warm_start.py` (the built-in model).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import yaml
 from plrl_operator import spec as spec_mod
 from plrl_operator.policy import planner
 from plrl_workers import config as config_mod
-from plrl_workers import report, supervisor
+from plrl_workers import local_devices, report, supervisor
 
 log = logging.getLogger("plrl.run")
 
@@ -56,6 +57,12 @@ class Layout:
     @property
     def trainer_ranks(self) -> int:
         return self.trainer_pods * self.gpus_per_trainer
+
+    def pods(self, job: spec_mod.JobSpec) -> local_devices.Pods:
+        """The pods as `local_devices` hands out GPUs to them."""
+        return local_devices.Pods(
+            self.trainer_pods, self.gpus_per_trainer, self.generator_pods, job.resources.gpus_per_generator
+        )
 
     @staticmethod
     def of(job: spec_mod.JobSpec) -> Layout:
@@ -192,6 +199,9 @@ def process_specs(
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "PYTHONUNBUFFERED": "1",
     }
+    trainer_gpus, generator_gpus = local_devices.placements(
+        layout.pods(job.spec), local_devices.visible_gpus()
+    )
     specs = []
     for rank in range(layout.trainer_ranks):
         env = common | {
@@ -203,6 +213,7 @@ def process_specs(
             "PLRL_POD_INDEX": str(rank // layout.gpus_per_trainer),
             "PLRL_METRICS_PORT": str(free_port()),
         }
+        env |= trainer_gpus[rank].env
         specs.append(
             supervisor.ProcessSpec(
                 name=f"trainer-{rank}",
@@ -214,6 +225,7 @@ def process_specs(
         )
     for k in range(layout.generator_pods):
         env = common | {"PLRL_POD_INDEX": str(k), "PLRL_METRICS_PORT": str(free_port())}
+        env |= generator_gpus[k].env
         specs.append(
             supervisor.ProcessSpec(
                 name=f"generator-{k}",

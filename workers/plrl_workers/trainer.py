@@ -35,7 +35,6 @@ import time
 from typing import Any
 
 import numpy
-import torch
 import torch.distributed as dist
 
 from plrl_workers import checkpoint, coordinator, heartbeat, metrics, report, types
@@ -121,11 +120,12 @@ class Coordination:
             self.coord, token=ident.token, snapshots=self.snapshots, host=ident.bind_host, port=port
         )
         ws_host, ws_port = config_mod.split_host_port(cfg.endpoints.weight_sync)
+        backend = training.collective_backend()  # gloo when generators may share this GPU
         self.broadcaster = sender.WeightBroadcaster(
             advertise_host=ws_host,
             port=ws_port,
-            backend="nccl" if torch.cuda.is_available() else "gloo",
-            device="cuda" if torch.cuda.is_available() else "cpu",
+            backend=backend,
+            device="cuda" if backend == "nccl" else "cpu",
             snapshots=self.snapshots,
         )
         self.metrics = metrics.WorkerMetrics("trainer")

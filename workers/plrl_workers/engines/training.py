@@ -7,7 +7,9 @@ DeepSpeed gets that torch optimizer rather than its own CPU/fused Adam: the math
 AdamW, it needs no C++ op build, and it makes the two backends agree to float rounding.
 
 The process group is the trainer ranks' default group, set up from the usual environment
-(`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `LOCAL_RANK`): gloo on CPU, NCCL on CUDA.
+(`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `LOCAL_RANK`): gloo on CPU, NCCL on CUDA, unless
+`PLRL_COLLECTIVE_BACKEND` says gloo (`plrl run` sets it when processes share a GPU, which NCCL refuses;
+see `local_devices.py`).
 
 Neighbours: `engines/base.py` (the protocol), `engines/ddp_engine.py`, `engines/deepspeed_engine.py`,
 `checkpoint.py` (copies the tokenizer next to saved weights).
@@ -61,6 +63,21 @@ class TrainEngineConfig:
         )
 
 
+COLLECTIVE_BACKEND_ENV = "PLRL_COLLECTIVE_BACKEND"
+
+
+def collective_backend() -> str:
+    """The backend for the trainer group and the weight broadcast: the env's choice, else by device."""
+    import torch
+
+    chosen = os.environ.get(COLLECTIVE_BACKEND_ENV)
+    if chosen:
+        if chosen not in ("gloo", "nccl"):
+            raise ValueError(f"{COLLECTIVE_BACKEND_ENV}={chosen!r} must be 'gloo' or 'nccl'")
+        return chosen
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
 def init_distributed(timeout_s: float = 600.0) -> None:
     """Join the trainer group from the environment, or form a group of one if there is none."""
     import torch
@@ -68,11 +85,11 @@ def init_distributed(timeout_s: float = 600.0) -> None:
 
     if dist.is_initialized():
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = collective_backend()
     timeout = datetime.timedelta(seconds=timeout_s)
     if "WORLD_SIZE" in os.environ:
         if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device())
         dist.init_process_group(backend, init_method="env://", timeout=timeout)
     else:
         store = dist.HashStore()  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
@@ -83,7 +100,8 @@ def device() -> torch.device:
     import torch
 
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        # Modulo: ranks that share a GPU (`plrl run` on fewer GPUs than ranks) each see just one.
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     return torch.device("cpu")
 
 
