@@ -149,13 +149,14 @@ class Coordination:
                 break
         return groups
 
-    def publish(self, engine: engines.TrainingEngine) -> None:
-        """Send the engine's current weights to every generator (or only publish them for pulls)."""
+    def publish(self, engine: engines.TrainingEngine, announce: bool = True) -> None:
+        """Send the engine's current weights to every generator (or, `announce=False`, only publish
+        them for pulls)."""
         t0 = time.perf_counter()
         rep = self.broadcaster.broadcast(
             engine.version,
             engine.named_parameters_for_sync(),
-            self.coord.weight_members(),
+            self.coord.weight_members() if announce else [],
             self.coord.announce_weights,
         )
         for gen in rep.missed:
@@ -316,10 +317,10 @@ class TrainLoop:
             )
         return True
 
-    def publish(self) -> None:
+    def publish(self, announce: bool = True) -> None:
         """Rank 0: broadcast the current weights to the generators (collective with them)."""
         if self.hub is not None:
-            self.hub.publish(self.engine)
+            self.hub.publish(self.engine, announce)
 
     def close(self) -> None:
         self.closing = True
@@ -343,7 +344,9 @@ def train(
             if not loop.train_one():
                 break
             if loop.step != before and (loop.step % sync_every == 0 or loop.done):
-                loop.publish()
+                # The last version is only made pullable: generators stop once every prompt is
+                # leased, so announcing it would wait out the join timeout for members already gone.
+                loop.publish(announce=not loop.done)
     finally:
         loop.close()
     return 0 if loop.done or stop.is_set() else 1
