@@ -285,8 +285,17 @@ def _run_commands(ctx: Context) -> list[Command]:
     return [Command([ctx.python, "-m", CLI, "run", str(job), "--run-dir", str(run_dir), "--quiet"])]
 
 
+WORKER_LOG_LINES = 200
+
+
 def _run_collect(ctx: Context, rcs: list[int | None]) -> StageResult:
     s = RUN[ctx.mode]
+    # The workers' own logs go into the stage's log (and so into logs.txt): on a one-shot GPU run
+    # they are the only account of what a trainer or generator did.
+    with (ctx.work / "logs" / "run-demo.log").open("a") as stage_log:
+        for worker_log in sorted((ctx.work / "run-demo" / "logs").glob("*.log")):
+            tail = worker_log.read_text(errors="replace").splitlines()[-WORKER_LOG_LINES:]
+            stage_log.write(f"\n----- {worker_log.name} (last {len(tail)} lines)\n" + "\n".join(tail) + "\n")
     report = ctx.work / "run-demo" / "report.png"
     if report.exists():
         (ctx.out / "run-demo.png").write_bytes(report.read_bytes())
