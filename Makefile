@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: venv demo smollm2 test lint typecheck unit crds crds-check lock controlplane cluster-up cluster-down bench clean proto
+.PHONY: venv demo smollm2 test lint typecheck unit crds crds-check lock controlplane cluster-up cluster-down bench clean proto gpu-check
 
 venv: $(VENV)/.plrl-stamp
 $(VENV)/.plrl-stamp: requirements/lock.txt pyproject.toml scripts/setup-venv.sh
@@ -34,7 +34,7 @@ lint: venv
 	$(VENV)/bin/lint-imports
 
 typecheck: venv
-	$(VENV)/bin/mypy operator/plrl_api operator/plrl_operator workers/plrl_workers tests bench
+	$(VENV)/bin/mypy operator/plrl_api operator/plrl_operator workers/plrl_workers tests bench scripts
 
 unit: venv
 	$(PY) -m pytest -q -m "not cluster and not slow"
@@ -64,6 +64,13 @@ cluster-up: venv controlplane
 
 cluster-down: venv
 	@$(PY) -m tests.infra.cluster down --dir .cluster
+
+## gpu-check: the prepared GPU check (scripts/gpu-check.sh): on a GPU machine as is; anywhere else
+## `make gpu-check ARGS=--cpu`; `ARGS=--fetch` / `ARGS=--dry-run` prepare and size what travels.
+## No venv dependency: the GPU machine runs it with its own python3 and the carried wheels.
+ARGS ?=
+gpu-check:
+	scripts/gpu-check.sh --out runs/gpu-check $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache runs

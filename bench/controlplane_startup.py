@@ -1,4 +1,4 @@
-"""Control-plane build and start-up times on this machine (issue 3, performance).
+"""Control-plane build and start-up times on this machine.
 
     .venv/bin/python bench/controlplane_startup.py [--runs 3] [--cold]
 

@@ -11,7 +11,7 @@ MB/s counts serialized message bytes; each row is the best of `--repeats` runs (
 shared, so the best run is the least disturbed one; the median is printed beside it). A last
 section splits the per-group CPU time in one process: the client's encoding, the server's parse
 and decode (zero-copy numpy views into `protocol.Sample`) and the coordinator's per-token checks.
-Goal (issue 2): >= 100 MB/s.
+Goal: >= 100 MB/s.
 
     .venv/bin/python bench/rollout_stream.py [--groups 400] [--samples 8] [--tokens 1024]
 """

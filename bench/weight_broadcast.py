@@ -10,7 +10,7 @@ moment both receivers report that they hold every tensor:
 
 It also prints the pause a generator sees per update (time inside `receive()`, median over rounds
 and receivers) and the ratio plrl/raw per bucket size; in the last row the receivers reuse their
-buffers (`reuse_buffers=True`). Goal (issue 2): within 1.3x of raw for a ~50 MB model.
+buffers (`reuse_buffers=True`). Goal: within 1.3x of raw for a ~50 MB model.
 
     .venv/bin/python bench/weight_broadcast.py [--mb 50] [--rounds 5] [--buckets-mb 8,16,32,64]
 """

@@ -17,14 +17,20 @@ import os
 import pathlib
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hypothesis
 import pytest
 import yaml
-from kubernetes import client
 
-from tests.infra import binaries, controlplane, kube, nodes, tools
+from tests.infra import binaries, controlplane, tools
+
+if TYPE_CHECKING:
+    # Imported inside the fixtures that need them: engine and trainer tests run on machines without
+    # the Kubernetes client (the GPU check's image), and must collect there.
+    from kubernetes import client
+
+    from tests.infra import nodes
 
 CLUSTER_FIXTURE = "control_plane"
 
@@ -78,6 +84,8 @@ def helm(control_plane: controlplane.Cluster) -> tools.Tool:
 @pytest.fixture(scope="session")
 def core_api(control_plane: controlplane.Cluster) -> Iterator[client.ApiClient]:
     """An admin kubernetes.client.ApiClient; wrap it in client.CoreV1Api(...) and friends."""
+    from tests.infra import kube
+
     api = kube.api_client(control_plane.kubeconfig)
     yield api
     api.close()
@@ -86,6 +94,10 @@ def core_api(control_plane: controlplane.Cluster) -> Iterator[client.ApiClient]:
 @pytest.fixture
 def namespace(core_api: client.ApiClient) -> Iterator[str]:
     """A fresh namespace, deleted (without waiting) after the test."""
+    from kubernetes import client
+
+    from tests.infra import kube
+
     name = f"t-{uuid.uuid4().hex[:8]}"
     core = client.CoreV1Api(core_api)
     core.create_namespace(kube.model(client.V1Namespace, {"metadata": {"name": name}}))
@@ -97,6 +109,10 @@ def namespace(core_api: client.ApiClient) -> Iterator[str]:
 def gpu_nodes(core_api: client.ApiClient) -> Iterator[Callable[..., nodes.Pool]]:
     """gpu_nodes(count, **GpuNode fields) -> Pool: creates `count` fake GPU nodes carrying a
     `plrl.dev/pool` label unique to the call (for nodeSelectors); all are deleted after the test."""
+    from kubernetes import client
+
+    from tests.infra import nodes
+
     core = client.CoreV1Api(core_api)
     made: list[str] = []
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Literal
 
 import pydantic
 from pydantic.alias_generators import to_camel
@@ -48,6 +49,9 @@ class Endpoints(_Model):
     """The weight-broadcast group's store on trainer rank 0."""
     metrics_port: int = pydantic.Field(ge=0, le=65_535)
     """Port of each worker's Prometheus /metrics (`plrl run` gives each process its own instead)."""
+    collective_backend: Literal["gloo", "nccl"] | None = None
+    """Backend of the trainer group and the weight broadcast; None: NCCL on CUDA, gloo on CPU.
+    `plrl run` says gloo when its processes share a GPU (NCCL refuses two ranks on one device)."""
 
     @pydantic.field_validator("coordinator", "rendezvous", "weight_sync")
     @classmethod

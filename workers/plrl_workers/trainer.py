@@ -33,7 +33,6 @@ import time
 from typing import Any
 
 import numpy
-import torch
 import torch.distributed as dist
 
 from plrl_api import identity, names, records, worker_config
@@ -135,11 +134,13 @@ class Coordination:
             self.coord, token=ident.token, snapshots=self.snapshots, host=ident.bind_host, port=port
         )
         ws_host, ws_port = worker_config.split_host_port(cfg.endpoints.weight_sync)
+        # gloo when generators may share this GPU (plrl run on fewer GPUs than the job's)
+        backend = training.collective_backend(cfg.endpoints.collective_backend)
         self.broadcaster = sender.WeightBroadcaster(
             advertise_host=ws_host,
             port=ws_port,
-            backend="nccl" if torch.cuda.is_available() else "gloo",
-            device="cuda" if torch.cuda.is_available() else "cpu",
+            backend=backend,
+            device="cuda" if backend == "nccl" else "cpu",
             snapshots=self.snapshots,
         )
         self.metrics = metrics.WorkerMetrics("trainer")
@@ -163,13 +164,14 @@ class Coordination:
                 break
         return groups
 
-    def publish(self, engine: engines.TrainingEngine) -> None:
-        """Send the engine's current weights to every generator (or only publish them for pulls)."""
+    def publish(self, engine: engines.TrainingEngine, announce: bool = True) -> None:
+        """Send the engine's current weights to every generator (or, `announce=False`, only publish
+        them for pulls)."""
         t0 = time.perf_counter()
         rep = self.broadcaster.broadcast(
             engine.version,
             engine.named_parameters_for_sync(),
-            self.coord.weight_members(),
+            self.coord.weight_members() if announce else [],
             self.coord.announce_weights,
         )
         for gen in rep.missed:
@@ -258,7 +260,9 @@ class TrainLoop:
         self.cfg, self.ranks, self.stop = cfg, ranks, stop
         host, port = worker_config.split_host_port(cfg.endpoints.rendezvous)
         training.init_distributed(
-            training.Rendezvous(host, port, ranks.rank, ranks.world_size, ranks.local_rank)
+            training.Rendezvous(
+                host, port, ranks.rank, ranks.world_size, ranks.local_rank, cfg.endpoints.collective_backend
+            )
         )
         self.engine = factory.training_engine(
             training.TrainEngineConfig.from_spec(spec, cfg.paths.model_dir, local_rank=ranks.local_rank)
@@ -345,10 +349,10 @@ class TrainLoop:
             )
         return True
 
-    def publish(self) -> None:
+    def publish(self, announce: bool = True) -> None:
         """Rank 0: broadcast the current weights to the generators (collective with them)."""
         if self.hub is not None:
-            self.hub.publish(self.engine)
+            self.hub.publish(self.engine, announce)
 
     def close(self) -> None:
         self.closing = True
@@ -372,7 +376,9 @@ def train(
             if not loop.train_one():
                 break
             if loop.step != before and (loop.step % sync_every == 0 or loop.done):
-                loop.publish()
+                # The last version is only made pullable: generators stop once every prompt is
+                # leased, so announcing it would wait out the join timeout for members already gone.
+                loop.publish(announce=not loop.done)
     finally:
         loop.close()
     return 0 if loop.done or stop.is_set() else 1

@@ -12,7 +12,8 @@ The run directory holds everything: `job.yaml` (the resolved spec), `model/` (th
 model), `config/`, `logs/`, `checkpoints/`, `metrics.jsonl`, `summary.json` and `report.png`.
 Running again on the same directory resumes from the latest checkpoint.
 
-Neighbours: `local.processes` (the processes), `local.report` (progress, summary, plot),
+Neighbours: `local.processes` (the processes), `local.devices` (which GPUs each sees),
+`local.report` (progress, summary, plot),
 `policy.decide` (what to do), `plrl_workers.prepare` (the init step: task check, built-in model).
 """
 
@@ -30,13 +31,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 
 import yaml
 
 from plrl_api import names, plan, worker_config
 from plrl_api import spec as spec_mod
 from plrl_operator import jobfile
-from plrl_operator.local import processes, report
+from plrl_operator.local import devices, processes, report
 from plrl_operator.policy import decide
 
 log = logging.getLogger("plrl.run")
@@ -98,7 +100,11 @@ def local_paths(
 
 
 def write_configs(
-    job: spec_mod.PipelineRLJob, pod_plan: plan.PodPlan, paths: worker_config.Paths, cfg_dir: pathlib.Path
+    job: spec_mod.PipelineRLJob,
+    pod_plan: plan.PodPlan,
+    paths: worker_config.Paths,
+    cfg_dir: pathlib.Path,
+    shared_gpus: bool = False,
 ) -> dict[names.Role, pathlib.Path]:
     """The per-role config files, with fresh loopback ports (a restarted job gets new ones)."""
     endpoints = worker_config.Endpoints(
@@ -106,6 +112,7 @@ def write_configs(
         rendezvous=f"{LOOPBACK}:{free_port()}",
         weight_sync=f"{LOOPBACK}:{free_port()}",
         metrics_port=0,  # each process gets its own (ENV_METRICS_PORT)
+        collective_backend="gloo" if shared_gpus else None,  # NCCL refuses two ranks on one GPU
     )
     cfg_dir.mkdir(parents=True, exist_ok=True)
     out = {}
@@ -116,9 +123,14 @@ def write_configs(
 
 
 def process_specs(
-    pod_plan: plan.PodPlan, configs: dict[names.Role, pathlib.Path], token: str, run_dir: pathlib.Path
+    pod_plan: plan.PodPlan,
+    configs: dict[names.Role, pathlib.Path],
+    token: str,
+    run_dir: pathlib.Path,
+    gpus: devices.Placements,
 ) -> list[processes.ProcessSpec]:
-    """One process per accelerator: trainer ranks first (rank 0 is the coordinator), then generators."""
+    """One process per accelerator: trainer ranks first (rank 0 is the coordinator), then generators,
+    each seeing the GPUs `gpus` gives it."""
     common = {
         names.ENV_TOKEN: token,
         names.ENV_BIND_HOST: LOOPBACK,
@@ -129,8 +141,12 @@ def process_specs(
         "PYTHONUNBUFFERED": "1",
     }
 
-    def spec(role: names.Role, name: str, pod: int, local_rank: int | None) -> processes.ProcessSpec:
-        env = common | {names.ENV_POD_INDEX: str(pod), names.ENV_METRICS_PORT: str(free_port())}
+    def spec(
+        role: names.Role, name: str, pod: int, local_rank: int | None, placed: Mapping[str, str]
+    ) -> processes.ProcessSpec:
+        env = (
+            common | {names.ENV_POD_INDEX: str(pod), names.ENV_METRICS_PORT: str(free_port())} | dict(placed)
+        )
         if local_rank is not None:
             env[names.ENV_LOCAL_RANK] = str(local_rank)
         return processes.ProcessSpec(
@@ -143,10 +159,13 @@ def process_specs(
 
     gpt = pod_plan.gpus_per_trainer
     out = [
-        spec(names.TRAINER, f"trainer-{rank}", rank // gpt, rank % gpt)
+        spec(names.TRAINER, f"trainer-{rank}", rank // gpt, rank % gpt, gpus.trainers[rank])
         for rank in range(pod_plan.trainer_gpus)
     ]
-    out += [spec(names.GENERATOR, f"generator-{k}", k, None) for k in range(pod_plan.generator_pods)]
+    out += [
+        spec(names.GENERATOR, f"generator-{k}", k, None, gpus.generators[k])
+        for k in range(pod_plan.generator_pods)
+    ]
     return out
 
 
@@ -185,9 +204,14 @@ class Launch:
     run_dir: pathlib.Path
     token: str
 
+    gpus: devices.Placements
+
+    def configs(self) -> dict[names.Role, pathlib.Path]:
+        cfg_dir = self.run_dir / "config"
+        return write_configs(self.job, self.pod_plan, self.paths, cfg_dir, self.gpus.shared)
+
     def specs(self) -> list[processes.ProcessSpec]:
-        configs = write_configs(self.job, self.pod_plan, self.paths, self.run_dir / "config")
-        return process_specs(self.pod_plan, configs, self.token, self.run_dir)
+        return process_specs(self.pod_plan, self.configs(), self.token, self.run_dir, self.gpus)
 
 
 def observe(sup: processes.Supervisor) -> decide.Observation:
@@ -294,9 +318,10 @@ def run(job_path: pathlib.Path, run_dir: pathlib.Path, quiet: bool = False) -> i
     if job.spec.pipeline.mode is spec_mod.PipelineMode.HYBRID:
         raise RunError("spec.pipeline.mode=hybrid is not supported by plrl run yet (use pipeline)")
     resumed = prepare_run_dir(job, run_dir)
-    launch = Launch(job, pod_plan, paths, run_dir, token=secrets.token_urlsafe(24))
+    gpus = devices.placements(pod_plan, devices.visible_gpus())
+    launch = Launch(job, pod_plan, paths, run_dir, token=secrets.token_urlsafe(24), gpus=gpus)
     try:
-        prepare(write_configs(job, pod_plan, paths, run_dir / "config")[names.TRAINER], run_dir)
+        prepare(launch.configs()[names.TRAINER], run_dir)
     except spec_mod.JobFileError:
         if not resumed:  # refused before any worker started: leave nothing behind
             shutil.rmtree(run_dir, ignore_errors=True)

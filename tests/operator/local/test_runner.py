@@ -69,6 +69,9 @@ def test_pipeline_run_updates_weights_in_flight_and_accounts_for_every_prompt(
         "step-00000008",
     ]
     assert "reward: first 10% of steps" in r.stdout
+    # Every broadcast reached the generator: none waited out the join timeout for one that had
+    # already stopped (it stops once every prompt is leased, before the last step is trained).
+    assert "missing from epoch" not in (run_dir / "logs" / "trainer-0.log").read_text()
     assert processes_using(run_dir) == []
 
 

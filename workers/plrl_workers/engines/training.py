@@ -8,7 +8,8 @@ DeepSpeed gets that torch optimizer rather than its own CPU/fused Adam: the math
 AdamW, it needs no C++ op build, and it makes the two backends agree to float rounding.
 
 The process group is the trainer ranks' default group, joined at the `Rendezvous` the worker config
-names (trainer rank 0's store): gloo on CPU, NCCL on CUDA.
+names (trainer rank 0's store): gloo on CPU, NCCL on CUDA, unless the config says gloo (`plrl run`
+does when processes share a GPU, which NCCL refuses; see `plrl_operator.local.devices`).
 
 Neighbours: `engines/base.py` (the protocol), `engines/ddp_engine.py`, `engines/deepspeed_engine.py`,
 `checkpoint.py` (copies the tokenizer next to saved weights).
@@ -72,6 +73,19 @@ class Rendezvous:
     rank: int
     world_size: int
     local_rank: int = 0
+    backend: str | None = None
+    """"gloo" or "nccl"; None: NCCL on CUDA, gloo on CPU (`collective_backend`)."""
+
+
+def collective_backend(choice: str | None = None) -> str:
+    """The backend for the trainer group and the weight broadcast: `choice`, else by device."""
+    import torch
+
+    if choice is not None:
+        if choice not in ("gloo", "nccl"):
+            raise ValueError(f"collective backend {choice!r} must be 'gloo' or 'nccl'")
+        return choice
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def init_distributed(at: Rendezvous | None = None, timeout_s: float = 600.0) -> None:
@@ -81,14 +95,14 @@ def init_distributed(at: Rendezvous | None = None, timeout_s: float = 600.0) -> 
 
     if dist.is_initialized():
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = collective_backend(at.backend if at is not None else None)
     timeout = datetime.timedelta(seconds=timeout_s)
     if at is None:
         store = dist.HashStore()  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         return
     if torch.cuda.is_available():
-        torch.cuda.set_device(at.local_rank)
+        torch.cuda.set_device(device(at.local_rank))
     dist.init_process_group(
         backend,
         init_method=f"tcp://{at.host}:{at.port}",
@@ -102,7 +116,8 @@ def device(local_rank: int = 0) -> torch.device:
     import torch
 
     if torch.cuda.is_available():
-        return torch.device("cuda", local_rank)
+        # Modulo: ranks that share a GPU (`plrl run` on fewer GPUs than ranks) each see just one.
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 
 

@@ -10,6 +10,8 @@ across ranks or ZeRO-2's per-micro-batch reduce-scatter) into update differences
 which would force a loose tolerance; with eps=1e-4 the update is smooth in g and the backends can
 be compared at rounding level, so a wrong normalisation or a missed reduction shows at once.
 `--checkpoint RUNS --phase first|resume`: the resume scenario of test_checkpoint.py (see there).
+`--dtype bfloat16` trains in bf16 on CUDA (autocast for DDP, DeepSpeed's bf16 mode; test_cuda.py);
+saved parameters are always float32 on the CPU, so runs on any device compare directly.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def groups_for_step(
     return out
 
 
-def engine_for(model: str, run: str, seed: int = 0) -> base.TrainingEngine:
+def engine_for(model: str, run: str, seed: int = 0, dtype: str = "float32") -> base.TrainingEngine:
     backend, stage, clip = RUNS[run]
     cfg = training.TrainEngineConfig(
         model_path=model,
@@ -79,6 +81,7 @@ def engine_for(model: str, run: str, seed: int = 0) -> base.TrainingEngine:
         gradient_clipping=clip,
         eps=1e-4,
         seed=seed,
+        dtype=dtype,  # type: ignore[arg-type]
     )
     return factory.training_engine(cfg)
 
@@ -100,12 +103,12 @@ def train(
 
 
 def params(engine: base.TrainingEngine) -> dict[str, torch.Tensor]:
-    return {n: t.clone() for n, t in engine.named_parameters_for_sync()}
+    return {n: t.detach().float().cpu().clone() for n, t in engine.named_parameters_for_sync()}
 
 
-def run_train(model: str, run: str, steps: int, out: pathlib.Path) -> None:
+def run_train(model: str, run: str, steps: int, out: pathlib.Path, dtype: str = "float32") -> None:
     t0 = time.perf_counter()
-    engine = engine_for(model, run)
+    engine = engine_for(model, run, dtype=dtype)
     init_s = time.perf_counter() - t0
     metrics, tokens, elapsed = train(engine, 0, steps)
     result = {"params": params(engine), "metrics": metrics, "init_s": init_s}
@@ -152,11 +155,15 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True, help="rank 0's rendezvous port on 127.0.0.1")
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
-    training.init_distributed(training.Rendezvous("127.0.0.1", args.port, args.rank, args.world_size))
+    # One process per rank, on GPU `rank` when the launcher gave it GPUs (test_cuda.py).
+    training.init_distributed(
+        training.Rendezvous("127.0.0.1", args.port, args.rank, args.world_size, local_rank=args.rank)
+    )
     for run in filter(None, args.train.split(",")):
-        run_train(args.model, run, args.steps, out)
+        run_train(args.model, run, args.steps, out, args.dtype)
     for run in filter(None, args.checkpoint.split(",")):
         run_checkpoint(args.model, run, args.phase, out)
     dist.destroy_process_group()

@@ -1,5 +1,6 @@
 """Fixtures for the trainer tests: the tiny model, and a launcher that runs `_worker.py` as N real
-ranks (separate processes, gloo over loopback, a free port), CPU only, one thread per rank."""
+ranks (separate processes, gloo over loopback, a free port), one thread per rank; CPU only unless
+`devices` names GPUs (test_cuda.py)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,14 @@ def _free_port() -> int:
         return port
 
 
-def launch_ranks(world_size: int, args: list[str], timeout: float = 600.0) -> None:
-    """Run the worker as `world_size` ranks; raise with every rank's output tail if one fails."""
+def launch_ranks(world_size: int, args: list[str], timeout: float = 600.0, devices: str = "") -> None:
+    """Run the worker as `world_size` ranks; raise with every rank's output tail if one fails.
+
+    `devices` is every rank's CUDA_VISIBLE_DEVICES ("": CPU, gloo; else NCCL on cuda:LOCAL_RANK)."""
     port = _free_port()
     procs = []
     for rank in range(world_size):
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=devices, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         where = ["--port", str(port), "--rank", str(rank), "--world-size", str(world_size)]
         procs.append(
             subprocess.Popen(
