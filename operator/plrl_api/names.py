@@ -65,7 +65,7 @@ ENV_LOCAL_RANK: Final = "PLRL_LOCAL_RANK"
 then starts one process per accelerator (torchrun-style) and sets it for each."""
 ENV_BIND_HOST: Final = "PLRL_BIND_HOST"
 """Address servers listen on: a pod listens on all interfaces (unset); `plrl run` on loopback."""
-ENV_METRICS_PORT: Final = "PLRL_METRICS_PORT"
+ENV_METRICS_PORT: Final = "PLRL_WORKER_METRICS_PORT"
 """`plrl run` only: local processes share one IP, so each gets its own /metrics port."""
 
 # --------------------------------------------------------------------------- ports

@@ -4,10 +4,10 @@ A curve is a small table of (h, U) points, linearly interpolated. Below the firs
 straight to U(0) = 0 (a batch of nothing does no useful work, and decoding is memory-bound there,
 so U grows in proportion to h); above the last point it stays at the last value (U never
 decreases, and extrapolating growth would be a guess). Curves come from JSON files: the built-in
-ones under `policy/curves/` (see the README there for how they were derived) or those
+ones under `plrl_api/curves/` (see the README there for how they were derived) or those
 `plrl profile` (`plrl_workers.profiler`) measures on a device.
 
-Neighbours: `policy.planner` and `policy.simulator` evaluate curves; `plan_cli`/`simulate_cli`
+Neighbours: `plrl_operator.policy.planner` and `.simulator` evaluate curves; `plan_cli`/`simulate_cli`
 load them from `--curve`.
 """
 

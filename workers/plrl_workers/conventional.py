@@ -9,7 +9,7 @@ lag (every token comes from the current weights) and no weight broadcast, and ea
 for the slowest worker: exactly the costs pipelining removes.
 
 Neighbours: `trainer.TrainLoop` (training, coordinator, checkpoints), `generator.Generator`
-(decoding and rollout delivery), `local.py` (starts these processes for `plrl run`).
+(decoding and rollout delivery), `plrl_operator.local.runner` (starts these processes for `plrl run`).
 """
 
 from __future__ import annotations

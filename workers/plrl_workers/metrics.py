@@ -10,12 +10,12 @@ Usage:
 
     m = metrics.WorkerMetrics(role="trainer")
     m.watch_coordinator(coord.stats)            # trainer rank 0 only
-    endpoint = m.serve(port=9400)               # 0 = any free port; endpoint.port tells which
+    endpoint = m.serve(port=0)                  # 0 = any free port; endpoint.port tells which
     m.add_trained_tokens(n); m.step_seconds.observe(dt); m.weight_version.set(step)
     m.observe_lag(mean, max_); m.reward.set(mean_reward)
     endpoint.close()
 
-Neighbours: `coordinator.py` (stats), the trainer/generator main loops (the callers).
+Neighbours: `coordinator/core.py` (stats), the trainer/generator main loops (the callers).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ weight broadcaster, and the run's metrics log. Every optimizer step:
 5. every `training.checkpoint.everySteps` all ranks write a checkpoint that includes the
    coordinator's prompt accounting, so a restarted job neither loses nor repeats a prompt.
 
-Neighbours: `coordinator.py`, `rpc/server.py`, `weight_sync/sender.py`, `rl/step.py`,
-`engines/training.py`, `checkpoint.py`, `tasks/` (the prompt source), `report.py` (metrics file),
+Neighbours: `coordinator/`, `rpc/server.py`, `weight_sync/sender.py`, `rl/step.py`,
+`engines/training.py`, `checkpoint.py`, `tasks/` (the prompt source), `plrl_api.records` (the
+step records it writes),
 `heartbeat.py` (in a cluster: each pod's Lease; rank 0's carries the job's progress).
 """
 

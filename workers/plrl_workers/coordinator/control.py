@@ -4,7 +4,8 @@ One channel per generator with an open Control stream (`rpc/server.py` drains it
 plain data: a weight update to receive (`WeightUpdate`, sent by `weight_sync.sender` through
 `Coordinator.announce_weights`), a hint to pull the full weights (`PullWeights`), and `Stop`. A
 `None` on a channel means "this stream is over" (replaced by a newer stream, or the generator was
-declared dead). Neighbours: `coordinator.py` (owns a `ControlHub`), `rpc/convert.py`.
+declared dead). Neighbours: `coordinator/core.py` (owns a `ControlHub`), `protocol.py` (the
+events), `rpc/convert.py`.
 """
 
 from __future__ import annotations

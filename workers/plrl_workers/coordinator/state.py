@@ -6,7 +6,7 @@ as merged inclusive ranges (`IdRanges`), so a run of a million prompts trained i
 Prompts that were issued but not finished (leased, re-queued, buffered, in training) are stored in
 full and re-queued on restore, so they need not be re-read from the source.
 
-Neighbours: `coordinator.py` (the only user), the trainer's checkpoint code (stores the dict).
+Neighbours: `coordinator/core.py` (the only user), the trainer's checkpoint code (stores the dict).
 """
 
 from __future__ import annotations

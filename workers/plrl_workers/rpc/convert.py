@@ -3,7 +3,7 @@
 Per-token arrays go through numpy as packed little-endian bytes (see `plrl.proto`). Decoding a
 malformed message (a byte array whose length is not a whole number of elements) raises ValueError;
 the server turns that into an INVALID_ARGUMENT ack. Neighbours: `rpc/server.py`, `rpc/client.py`,
-`coordinator.py` (its Lease, SubmitResult, control events, Stats), `weight_sync/base.py`.
+`protocol.py` (the types: leases, rollouts, control events, weight metadata, Stats).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ starts, with the file and line number in the message. The stream visits the reco
 seeded order every epoch (prompt ids keep counting up across epochs, so they stay unique).
 A dataset has no held-out part: the `eval` split is the same records in the same order.
 
-Neighbours: `tasks/base.py` (the `Task` protocol, `from_spec`), `plrl_operator.spec.DatasetSource`.
+Neighbours: `tasks/base.py` (the `Task` protocol), `tasks/registry.py` (`from_spec`),
+`plrl_api.spec.DatasetSource`.
 """
 
 from __future__ import annotations

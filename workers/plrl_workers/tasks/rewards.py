@@ -6,7 +6,7 @@ group and, through the gradient, the model. Every error names the spec field `ta
 user knows which line of the job file to fix; `load` runs before any worker process starts.
 
 Neighbours: `tasks/base.py` (tasks and their default reward), the generator (calls `score` for
-each finished sample), `plrl_operator.spec.TaskSpec.reward` (the syntax, checked there).
+each finished sample), `plrl_api.spec.TaskSpec.reward` (the syntax, checked there).
 """
 
 from __future__ import annotations

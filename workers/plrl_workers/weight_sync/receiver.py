@@ -8,19 +8,17 @@ decoding on. `receive()` yields every parameter once,
 in announcement order, as soon as its bucket has landed (the next bucket is already on the wire), so
 the engine can load weights while the rest is still arriving.
 
-Usage (generator main loop; `engine.update_weights` is `engines.base.GenerationEngine`'s):
+Usage (what the torch engine's `join_weight_group` / `receive_weights` do; the generator drives them
+from its control stream, `generator.Generator._receive`):
 
-    rx = None
-    for event in client.control(generator_id, engine.weight_version):
-        if isinstance(event, protocol.WeightUpdate):
-            if rx is None or rx.group != event.group:   # new epoch, or a restarted trainer
-                if rx is not None:
-                    rx.close()
-                rx = receiver.WeightReceiver(event.group, device="cpu")
-            try:
-                engine.update_weights(rx.receive(event.announcement), event.announcement.version)
-            except (groups.GroupAborted, RuntimeError):
-                rx.close(); rx = None   # a new epoch will be announced; or pull (rpc/client.py)
+    if rx is None or rx.group != event.group:   # a WeightUpdate of a new epoch, or a restarted trainer
+        if rx is not None:
+            rx.close()
+        rx = receiver.WeightReceiver(event.group, device="cpu")
+    try:
+        engine.update_weights(rx.receive(event.announcement), event.announcement.version)
+    except (groups.GroupAborted, RuntimeError):
+        rx.close(); rx = None   # a new epoch will be announced; meanwhile pull the full weights
 
 Neighbours: `sender.WeightBroadcaster` (rank 0), `groups.py` (handshake, process groups),
 `buckets.py`/`packing.py` (layout), `weight_sync/vllm_extension.py` (runs this inside vLLM workers).

@@ -24,7 +24,7 @@ member of the group: worker `rank` r joins as `group.rank + r`, so the generator
 `tensor_parallel_size` consecutive ranks (and counts them in `world_size`).
 
 Neighbours: `engines/vllm_engine.py` (calls these), `weight_sync/receiver.py` (the receiving
-end of the trainer's broadcast), `weight_sync/base.py` (its message types).
+end of the trainer's broadcast), `protocol.py` (its message types).
 """
 
 from __future__ import annotations
