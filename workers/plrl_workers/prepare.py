@@ -38,7 +38,7 @@ def build_builtin_model(cfg: worker_config.WorkerConfig, task: base.Task) -> pat
     m = cfg.spec.model
     out = pathlib.Path(cfg.paths.model_dir)
     base_dir = tiny.build(out.parent / "base", seed=m.seed)
-    print(f"preparing the built-in model (warm start: {m.warm_start_steps} supervised steps)...", flush=True)
+    print(f"building the tiny model and warm-starting it for {m.warm_start_steps} steps", flush=True)
     return warm_start.run(
         base_dir, out, task, warm_start.WarmStartConfig(steps=m.warm_start_steps, seed=m.seed)
     )

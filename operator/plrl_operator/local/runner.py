@@ -169,13 +169,26 @@ def process_specs(
     return out
 
 
-def prepare(trainer_config: pathlib.Path, run_dir: pathlib.Path) -> None:
-    """The init step (`plrl_workers.prepare`): check the task, build the built-in model."""
+def prepare(job: spec_mod.PipelineRLJob, trainer_config: pathlib.Path, run_dir: pathlib.Path) -> None:
+    """The init step (`plrl_workers.prepare`): check the task, build the built-in model.
+
+    Its output (library warnings, progress bars) goes to `logs/prepare.log`; the terminal gets one
+    line saying what is happening, and the reason if it fails.
+    """
+    m = job.spec.model
+    if m.name.startswith("builtin:"):
+        print(
+            f"preparing the built-in model ({m.warm_start_steps} warm-start steps; reused when the "
+            "run directory already has it)...",
+            flush=True,
+        )
     log_path = run_dir / "logs" / "prepare.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = processes.python_module("plrl_workers.prepare", "--config", str(trainer_config))
-    proc = subprocess.run(argv, stdout=None, stderr=subprocess.PIPE, text=True, check=False)
-    log_path.write_text(proc.stderr)
+    with log_path.open("w") as log_file:
+        proc = subprocess.run(argv, stdout=log_file, stderr=subprocess.PIPE, text=True, check=False)
+    with log_path.open("a") as log_file:
+        log_file.write(proc.stderr)
     if proc.returncode == 2:
         raise spec_mod.JobFileError(
             proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "invalid job"
@@ -321,7 +334,7 @@ def run(job_path: pathlib.Path, run_dir: pathlib.Path, quiet: bool = False) -> i
     gpus = devices.placements(pod_plan, devices.visible_gpus())
     launch = Launch(job, pod_plan, paths, run_dir, token=secrets.token_urlsafe(24), gpus=gpus)
     try:
-        prepare(launch.configs()[names.TRAINER], run_dir)
+        prepare(job, launch.configs()[names.TRAINER], run_dir)
     except spec_mod.JobFileError:
         if not resumed:  # refused before any worker started: leave nothing behind
             shutil.rmtree(run_dir, ignore_errors=True)
