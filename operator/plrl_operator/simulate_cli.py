@@ -4,7 +4,8 @@ For each N it plans (H, I) with the model, then simulates conventional RL and th
 pipeline (`policy.simulator`), and prints both beside the closed forms. It then runs the
 autoscaled pipeline at one N from the seed's initial I and shows how I moved. A PNG shows
 throughput against N and I over time. Defaults are the paper's worked example (B = 128,
-G = 128, L = 1024, H100 curve); a job file supplies B, L, H, the lag limit and autoscale settings.
+R = 128 steps per round, L = 1024, H100 curve); a job file supplies B, L, H, the lag limit and
+autoscale settings.
 
 Neighbours: `policy.simulator`, `policy.planner`, `plan_cli` (shared flags), `plrl_workers.cli`.
 """
@@ -54,7 +55,11 @@ def build_parser() -> plan_cli.Parser:
     p.add_argument(
         "--autoscale-start", type=int, help="initial I of the autoscaled run (default: the seed's rule)"
     )
-    p.add_argument("--png", default="plrl-simulate.png", help="where to write the plot ('' for none)")
+    p.add_argument(
+        "--png",
+        default="runs/plrl-simulate.png",
+        help="where to write the plot ('' for none; runs/ is git-ignored)",
+    )
     p.add_argument("--json", action="store_true", help="print results as JSON")
     return p
 
@@ -120,6 +125,7 @@ def _autoscaled(
     base = autoscaler.policy_for_job(job) if job is not None else autoscaler.Policy(n_gpus=w.n_gpus)
     policy = dataclasses.replace(
         base,
+        rate_unit="tokens/flash",
         n_gpus=w.n_gpus,
         gpus_per_generator=w.gpus_per_generator,
         gpus_per_trainer=w.gpus_per_trainer,
@@ -221,6 +227,7 @@ def plot(result: Result, path: pathlib.Path) -> None:
     ax2.set_title(f"autoscaler at N={auto.n_gpus}")
     ax2.legend()
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

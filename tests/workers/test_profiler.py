@@ -1,4 +1,4 @@
-"""`plrl profile --quick` measures a usable curve that `plrl plan` accepts."""
+"""`plrl profile --quick` (a smoke test of the command) writes a curve `plrl plan` accepts, under runs/."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_quick_profile_writes_a_curve_plan_accepts(
     # padding: U(h) <= h / (h + 64) when peak is the best full-product rate measured
     assert curve.u(4) <= 4 / 68 * 1.5
     capsys.readouterr()
-    assert plan_cli.main(["--curve", str(out), "-N", "16", "-B", "64", "-G", "1"]) == 0
+    assert plan_cli.main(["--curve", str(out), "-N", "16", "-B", "64", "-R", "1"]) == 0
     assert "curve cpu" in capsys.readouterr().out
 
 
@@ -43,3 +43,13 @@ def test_nominal_peaks_prefer_specific_names() -> None:
 def test_bad_flags_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert profiler.main(["--quick", "--repeats", "0"]) == 2
     assert "--repeats=0 must be at least 1" in capsys.readouterr().err
+
+
+def test_the_curve_goes_under_runs_by_default(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a checkout: nothing may land beside the user's files
+    assert profiler.main(["--quick", "--device", "cpu", "--repeats", "1"]) == 0
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()] == [
+        pathlib.Path("runs/profile/curve-cpu.json")
+    ]

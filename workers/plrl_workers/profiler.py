@@ -10,7 +10,7 @@ dip as h grows; the saved curve is made non-decreasing (pool-adjacent-violators)
 values are kept beside it in the file.
 
 Writes a curve JSON that `plrl plan --curve` and `plrl simulate --curve` read.
-Neighbours: `plrl_operator.policy.utilisation` (the curve format), `plrl_workers.cli`.
+Neighbours: `plrl_api.utilisation` (the curve format), `plrl_operator.cli` (dispatches the verb).
 """
 
 from __future__ import annotations
@@ -140,10 +140,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="plrl profile", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
-    p.add_argument("--out", "-o", help="curve JSON to write (default: curve-<device>.json)")
+    p.add_argument(
+        "--out",
+        "-o",
+        help="curve JSON to write (default: runs/profile/curve-<device>.json; runs/ is git-ignored)",
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--h", type=_hs, help="batch sizes to measure (comma-separated)")
-    p.add_argument("--quick", action="store_true", help="tiny products and three batch sizes (for tests)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a seconds-long smoke test of the command (tiny products, three batch sizes): its curve is "
+        "noise, not a measurement",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per batch size (best is kept)")
     p.add_argument("--peak-tflops", type=float, help="peak FLOP/s of the device, in TFLOP/s")
     p.add_argument("--tau", type=float, help="training flashes per token to record with the curve")
@@ -180,7 +189,8 @@ def main(argv: list[str]) -> int:
     )
     name = args.name or label.strip("-")
     curve = profile(hs, device, rows, cols, args.repeats, args.peak_tflops, name, args.tau)
-    out = pathlib.Path(args.out or f"curve-{name}.json")
+    out = pathlib.Path(args.out or f"runs/profile/curve-{name}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(curve.to_json())
     print(f"{'h':>6} {'U(h)':>8} {'raw':>8} {'ms':>9}")
     for h, u, raw, t in zip(curve.hs, curve.us, curve.extra["raw_u"], curve.extra["seconds"], strict=True):

@@ -59,6 +59,8 @@ class Policy:
     min_gain: float = 0.01
     window_looks: int = 5
     """The rate estimate averages up to this many looks' worth of samples (every_steps each)."""
+    rate_unit: str = "tok/s"
+    """How the rates are measured, for messages: tokens/s on workers, tokens per flash simulated."""
 
     def allowed(self) -> list[int]:
         """Every I the autoscaler may choose, ascending."""
@@ -162,16 +164,23 @@ def decide(p: Policy, state: types.AutoscalerState, obs: types.Observation) -> t
     lower = p.lower_ratio - (p.reversal_margin if state.last_action is Action.SCALE_UP else 0.0)
     upper = p.upper_ratio + (p.reversal_margin if state.last_action is Action.SCALE_DOWN else 0.0)
     upper = min(upper, 0.999)
-    rates = f"generators {gen:.4g} tok/s, trainers {train:.4g} tok/s"
+    rates = f"generators {gen:.4g} {p.rate_unit}, trainers {train:.4g} {p.rate_unit}"
     where = f"ratio r_pipeline/r_gen = {ratio:.3f} over steps {window[0].step}-{window[-1].step}"
     if lower <= ratio <= upper:
         return _hold(obs, evaluated, f"{where} is within [{lower:.3f}, {upper:.3f}]", ratio)
     down = ratio < lower
-    why = (
-        f"{where} is below {lower:.3f}, trainers are the bottleneck ({rates})"
-        if down
-        else f"{where} is above {upper:.3f}, generators are the bottleneck ({rates})"
-    )
+    if down:
+        why = f"{where} is below {lower:.3f}: trainers are the bottleneck ({rates})"
+    elif train >= gen:
+        why = f"{where} is above {upper:.3f}: generators are the bottleneck ({rates})"
+    else:
+        # The seed's band keeps generation a few percent ahead of training: above the upper bound the
+        # trainers are (still) the slower side, but the surplus that keeps them fed is too thin.
+        why = (
+            f"{where} is above {upper:.3f}: generation's surplus over training is only "
+            f"{gen / train - 1:.1%} ({rates}); the band keeps generation at least "
+            f"{1 / upper - 1:.1%} ahead"
+        )
     wanted = Action.SCALE_DOWN if down else Action.SCALE_UP
     reversal = state.last_action not in (Action.HOLD, wanted)
     if reversal and state.pending is not wanted:

@@ -72,7 +72,7 @@ class Workload:
     batch_size: int
     lengths: Lengths
     steps_per_round: int = 1
-    """G for conventional RL: optimizer steps per generation round (S = B * G)."""
+    """R for conventional RL: optimizer steps per generation round (S = B * R; the paper's G)."""
     tau: float = PAPER_TAU
     gpus_per_generator: int = 1
     gpus_per_trainer: int = 1
@@ -90,7 +90,7 @@ class Workload:
         checks: list[tuple[bool, str]] = [
             (n > 0, f"total GPUs N={n} must be positive"),
             (self.batch_size > 0, f"batch size B={self.batch_size} must be positive"),
-            (self.steps_per_round > 0, f"steps per round G={self.steps_per_round} must be positive"),
+            (self.steps_per_round > 0, f"steps per round R={self.steps_per_round} must be positive"),
             (self.tau > 0 and math.isfinite(self.tau), f"tau={self.tau} must be a positive number"),
             (self.gpus_per_generator > 0, f"GPUs per generator={self.gpus_per_generator} must be positive"),
             (self.gpus_per_trainer > 0, f"GPUs per trainer={self.gpus_per_trainer} must be positive"),

@@ -6,7 +6,7 @@ stragglers, bursts of completions and lag come out of the simulation rather than
 - Conventional: each round, S = B * G sequences are dealt to the N accelerators; each decodes
   its share with a shrinking batch b (one decode step costs b / U(b) flashes) and the round
   waits for the slowest; then all N train the round's tokens at tau flashes per token per
-  accelerator, G optimizer steps in a row (step g trains on samples g steps old).
+  accelerator, R optimizer steps in a row (step r trains on samples r steps old).
 - Pipeline: I generators keep H sequences each in flight (a finished one is replaced at once;
   a decode step costs H / U(H)). Finished sequences queue in a bounded buffer (generators stall
   when it is full: backpressure); the N - I trainers take B of them per optimizer step at

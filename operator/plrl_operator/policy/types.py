@@ -24,9 +24,9 @@ class ConventionalRates:
     r_conv: float
     """Harmonic combination 1 / (1/r_gen + 1/r_train): the phases alternate."""
     steps_per_round: int
-    """G: optimizer steps per round (S = B * G sequences generated per round)."""
+    """R: optimizer steps per round (S = B * R sequences generated per round; the paper's G)."""
     max_lag: int
-    """G - 1: the last optimizer step of a round trains on samples that many steps old."""
+    """R - 1: the last optimizer step of a round trains on samples that many steps old."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -244,3 +244,16 @@ def test_decisions_never_break_a_limit(
             assert abs(i - current) <= unit
     elif current not in allowed:
         assert not allowed  # it only stays outside the limits when nothing is inside them
+
+
+def test_the_reason_agrees_with_its_numbers_and_units() -> None:
+    # Trainers slightly slower than generators, ratio 0.953 > 0.95: the rule adds generators, and the
+    # reason must not call the (faster) generators the bottleneck.
+    d = autoscaler.decide(PAPER, types.AutoscalerState(), _obs(40, 60, gen=17.74, train=16.9))
+    assert d.ratio is not None and d.ratio > PAPER.upper_ratio
+    assert "generators are the bottleneck" not in d.reason and "trainers are the bottleneck" not in d.reason
+    assert "generation's surplus over training is only 5.0%" in d.reason
+    assert "generators 17.74 tok/s, trainers 16.9 tok/s" in d.reason
+    flashes = dataclasses.replace(PAPER, rate_unit="tokens/flash")
+    d2 = autoscaler.decide(flashes, types.AutoscalerState(), _obs(40, 60, gen=10.0, train=20.0))
+    assert "generators are the bottleneck (generators 10 tokens/flash, trainers 20 tokens/flash)" in d2.reason

@@ -98,11 +98,22 @@ def test_simulate_cli_writes_table_and_plot(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     png = tmp_path / "sim.png"
-    argv = ["-N", "8,16", "-G", "4", "--steps", "40", "--autoscale-steps", "60", "--png", str(png)]
+    argv = ["-N", "8,16", "-R", "4", "--steps", "40", "--autoscale-steps", "60", "--png", str(png)]
     assert simulate_cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "autoscaled pipeline at N=16" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_cli_writes_its_plot_under_runs_by_default(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a checkout: nothing may land beside the user's files
+    assert simulate_cli.main(["-N", "8", "--steps", "20", "--autoscale-steps", "20"]) == 0
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()] == [
+        pathlib.Path("runs/plrl-simulate.png")
+    ]
+    assert "plot written to runs/plrl-simulate.png" in capsys.readouterr().out
 
 
 def test_simulate_cli_rejects_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
