@@ -105,6 +105,7 @@ class Coordination:
         ident: identity.Identity,
         state: dict[str, Any] | None,
         prompt_budget: int,
+        stop: threading.Event | None = None,
     ) -> None:
         import transformers
 
@@ -143,6 +144,7 @@ class Coordination:
             backend=backend,
             device="cuda" if backend == "nccl" else "cpu",
             snapshots=self.snapshots,
+            abort=stop,  # a stopping trainer does not wait out the join timeout for generators
         )
         self.metrics = metrics.WorkerMetrics("trainer")
         self.metrics.watch_coordinator(self.coord.stats)
@@ -229,7 +231,7 @@ class Coordination:
 
     def close(self) -> None:
         self.coord.stop("training finished")
-        self.server.stop(grace_s=2.0)
+        self.server.stop(grace_s=0.5)  # the acks of groups in flight; nothing else is served now
         self.broadcaster.close()
         self.metrics_endpoint.close()
 
@@ -277,7 +279,7 @@ class TrainLoop:
         self.total_steps = spec.training.total_steps
         budget = self.total_steps * self.n_groups if prompt_budget is None else prompt_budget
         state = meta.extra.get("coordinator") if meta else None
-        self.hub = Coordination(cfg, ident, state, budget) if ranks.rank == 0 else None
+        self.hub = Coordination(cfg, ident, state, budget, stop) if ranks.rank == 0 else None
         if self.hub is not None:
             self.hub.coord.finish_step(self.engine.version)
         self.rl_cfg = rl_step.RLConfig.from_spec(spec)
@@ -376,7 +378,7 @@ def train(
             before = loop.step
             if not loop.train_one():
                 break
-            if loop.step != before and (loop.step % sync_every == 0 or loop.done):
+            if loop.step != before and (loop.step % sync_every == 0 or loop.done) and not stop.is_set():
                 # The last version is only made pullable: generators stop once every prompt is
                 # leased, so announcing it would wait out the join timeout for members already gone.
                 loop.publish(announce=not loop.done)

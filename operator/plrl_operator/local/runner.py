@@ -266,6 +266,8 @@ class Controller:
     def run(self) -> int:
         """Until the job finishes (0) or fails (RunError)."""
         self.start()
+        if not self.quiet:
+            print(report.PROGRESS_LEGEND, flush=True)
         spec = self.launch.job.spec
         while True:
             self._progress()
@@ -352,29 +354,38 @@ def run(job_path: pathlib.Path, run_dir: pathlib.Path, quiet: bool = False) -> i
         )
     sup = processes.Supervisor()
     controller = Controller(launch, sup, quiet)
-    interrupted = False
+    outcome: report.Outcome = "finished"
 
     def on_signal(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    failure: RunError | None = None
     try:
         code = controller.run()
     except KeyboardInterrupt:
-        interrupted = True
-        code = 130
+        outcome, code = "interrupted", 130
+    except RunError as err:
+        outcome, code, failure = "failed", 1, err
     finally:
         sup.stop()
     rows = report.read_records(run_dir)
-    summary = report.summarize(rows, peak_rss_mb=round(controller.peak.peak_bytes / 2**20))
+    summary = report.summarize(
+        rows,
+        peak_rss_mb=round(controller.peak.peak_bytes / 2**20),
+        outcome=outcome,
+        total_steps=job.spec.training.total_steps,
+    )
     report.write_summary(run_dir, summary)
     if rows:
-        report.plot(rows, run_dir / report.REPORT_FILE, title=job.metadata.name)
+        report.plot(rows, run_dir / report.REPORT_FILE, title=job.metadata.name, reward=job.spec.task.reward)
     print(report.summary_text(summary))
-    if interrupted:
+    if outcome == "interrupted":
         print(f"interrupted; `plrl run {job_path} --run-dir {run_dir}` resumes from the last checkpoint")
     else:
         print(f"report: {run_dir / report.REPORT_FILE}")
+    if failure is not None:
+        raise failure  # `main` prints why, after the summary of what was trained
     return code
 
 

@@ -122,6 +122,9 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     out, _ = first.communicate(timeout=120)
     assert first.returncode == 130, out
     assert "resumes from the last checkpoint" in out
+    # The summary says what happened: stopped early, prompts in flight are not lost.
+    assert f" of {total} (interrupted)" in out
+    assert "replaced prompts the lag policy dropped" not in out
     assert processes_using(run_dir) == []
     latest = checkpoint.latest(run_dir / "checkpoints")
     assert latest is not None

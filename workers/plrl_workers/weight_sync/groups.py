@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -118,16 +119,32 @@ def wait_go(store: c10d.Store, timeout_s: float) -> None:
         raise GroupAborted("the sender aborted this weight-sync epoch")
 
 
-def collect_ready(store: c10d.Store, ranks: Sequence[int], timeout_s: float) -> list[int]:
-    """Sender side: wait up to `timeout_s` for every rank's ready key; return the ranks still missing."""
+def collect_ready(
+    store: c10d.Store,
+    ranks: Sequence[int],
+    timeout_s: float,
+    abort: threading.Event | None = None,
+    slice_s: float = 0.25,
+) -> list[int]:
+    """Sender side: wait up to `timeout_s` for every rank's ready key; return the ranks still missing.
+
+    With `abort` (e.g. the trainer's stop event) the wait goes in slices and gives up as soon as it
+    is set: a trainer told to stop must not wait out the join timeout for generators already gone.
+    """
     keys = [f"ready/{r}" for r in ranks]
     if not keys:
         return []
-    try:
-        store.wait(keys, datetime.timedelta(seconds=max(timeout_s, 0.001)))
-        return []
-    except dist.DistStoreError:
-        pass  # someone is late; find out who (below)
+    end = time.monotonic() + timeout_s
+    while True:
+        left = end - time.monotonic()
+        step = left if abort is None else min(left, slice_s)
+        try:
+            store.wait(keys, datetime.timedelta(seconds=max(step, 0.001)))
+            return []
+        except dist.DistStoreError:
+            pass  # someone is late; find out who (below), unless there is time and no abort
+        if left <= step or (abort is not None and abort.is_set()):
+            break
     deadline = time.monotonic() + 0.05
     missing = list(ranks)
     while missing:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -67,6 +68,7 @@ class WeightBroadcaster:
         bucket_bytes: bytes per broadcast call (parameters are never split across buckets).
         timeout_s: collective timeout; a peer that dies mid-transfer fails the version after this.
         join_timeout_s: how long each version waits for every member's ready key.
+        abort: if given and set (the trainer is stopping), a version stops waiting for members at once.
         snapshots: if given, every version is published there (CPU copy) for the pull path.
         skip_missing_for: a member that failed to join is left out of this many following
             broadcasts (reported in `missed` each time, so it can pull), so one broken generator
@@ -85,6 +87,7 @@ class WeightBroadcaster:
         join_timeout_s: float = 30.0,
         skip_missing_for: int = 10,
         snapshots: snapshot.SnapshotStore | None = None,
+        abort: threading.Event | None = None,
     ) -> None:
         if backend not in protocol.BACKENDS:
             raise ValueError(f"backend must be one of {protocol.BACKENDS}, got {backend!r}")
@@ -95,6 +98,7 @@ class WeightBroadcaster:
         self._timeout_s = timeout_s
         self._join_timeout_s = join_timeout_s
         self._snapshots = snapshots
+        self._abort = abort
         self._store = groups.tcp_store(advertise_host, port, is_master=True, timeout_s=timeout_s)
         # Epoch numbers grow from the wall clock, so a restarted trainer never reuses one that
         # generators still hold a group for.
@@ -222,7 +226,8 @@ class WeightBroadcaster:
         if unreachable:  # no point waiting: this epoch cannot complete
             vstore.set("go", groups.GO_ABORT)
             return unreachable
-        missing = [self._members[r - 1] for r in groups.collect_ready(vstore, ranks, self._join_timeout_s)]
+        ready = groups.collect_ready(vstore, ranks, self._join_timeout_s, abort=self._abort)
+        missing = [self._members[r - 1] for r in ready]
         vstore.set("go", groups.GO_ABORT if missing else groups.GO_OK)
         return missing
 
