@@ -2,8 +2,8 @@
 
 Why this task for `make demo`: it is a structural skill (attend to the mirrored position), so
 what REINFORCE learns on one prompt carries over to all of them, and `builtin:digit_match` gives
-per-position partial credit, a dense signal. A 100-step SFT warm start leaves the tiny model
-partially right (sampled reward about 0.4, exact about 3%), and RL then climbs steadily; see
+per-position partial credit, a dense signal. An SFT warm start (`model.warmStartSteps`; the demo
+uses 150) leaves the tiny model partially right, and RL then climbs steadily; see
 `bench/task_learnability.py` for the curves. Strings of 3-7 digits keep a sample at most 8
 decode steps (7 digits + EOS), so 2 CPU cores run hundreds of RL steps in minutes.
 
