@@ -16,7 +16,8 @@ Cases:
 - a Stop on the control stream ends `run()`; `close()` leaves the broadcast group it had joined and
   closes the control stream and the rollout stream;
 - a rollout refused by the coordinator (its lease expired while the generator decoded) is counted,
-  not fatal: the generator goes on and the re-queued prompt comes back from a later lease.
+  not fatal: the generator goes on and the re-queued prompt comes back from a later lease;
+- asked to stop (SIGTERM) while backpressured, it stops without waiting for a stalled trainer.
 """
 
 from __future__ import annotations
@@ -403,3 +404,13 @@ def test_a_refused_rollout_is_counted_and_the_generator_goes_on(start: Start) ->
     assert not {g.lease_id for g in taken} & {r.rpartition("#")[0] for r in first}
     a = rig.stats().accounting
     assert (a.issued, a.trained, a.outstanding) == (4, 4, 0)
+
+
+def test_asked_to_stop_while_backpressured_it_stops_without_waiting_for_the_trainer(start: Start) -> None:
+    rig = start(100, max_unacked=2, buffer_groups=2, submit_wait_s=0.05)
+    eventually(lambda: rig.stats().refused.get("RESOURCE_EXHAUSTED", 0) >= 2, what="backpressure")
+    rig.gen.stop()  # SIGTERM; the trainer is stalled, the coordinator not stopping
+    rig.thread.join(timeout=generator.STOP_DRAIN_S + 10)
+    assert not rig.thread.is_alive() and not rig.errors
+    a = rig.stats().accounting
+    assert a.balanced and a.buffered == 2  # the groups it gave up on are still leased: they expire
