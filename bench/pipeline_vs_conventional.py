@@ -27,6 +27,10 @@ import yaml
 from plrl_api import records
 from plrl_operator.local import report
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from tests.infra import procs
+
 
 def run_mode(
     job_doc: dict[str, Any], mode: str, steps: int | None, workdir: pathlib.Path
@@ -41,7 +45,8 @@ def run_mode(
     run_dir = workdir / f"run-{mode}"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     cmd = [sys.executable, "-m", "plrl_operator.cli", "run", str(job), "--run-dir", str(run_dir), "--quiet"]
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    # A process tree: Ctrl-C or a failure of the bench leaves no worker of the run behind.
+    procs.run_tree(cmd, timeout=None, check=True, env=env, stdout=subprocess.DEVNULL, stderr=None)
     return report.read_records(run_dir)
 
 

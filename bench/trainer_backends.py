@@ -12,18 +12,22 @@ separately. Numbers on a shared 2-core machine are noisy: compare the ratios, no
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
 import random
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 
 from plrl_workers import protocol
 from plrl_workers.engines import factory
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from tests.infra import procs
 
 CONFIGS = [
     ("torch", 1, 1),
@@ -97,22 +101,24 @@ def launch(args: argparse.Namespace, backend: str, stage: int, ranks: int) -> di
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = []
-    for r in range(ranks):
-        env = dict(
-            os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore"
-        )
-        cmd = [sys.executable, __file__, "--rank-worker", "--backend", backend, "--stage", str(stage)]
-        cmd += ["--port", str(port), "--rank", str(r), "--world-size", str(ranks)]
-        cmd += ["--model-dir", args.model_dir, "--steps", str(args.steps), "--groups", str(args.groups)]
-        cmd += ["--g", str(args.g), "--max-new", str(args.max_new)]
-        cmd += ["--tokens-per-micro-batch", str(args.tokens_per_micro_batch)]
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        )
-    outs = [p.communicate(timeout=1800) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        if p.returncode:
+    with contextlib.ExitStack() as stack:  # leaving it (done, failed, timed out) kills every rank left
+        trees = []
+        for r in range(ranks):
+            env = dict(
+                os.environ,
+                CUDA_VISIBLE_DEVICES="",
+                OMP_NUM_THREADS=str(args.threads),
+                PYTHONWARNINGS="ignore",
+            )
+            cmd = [sys.executable, __file__, "--rank-worker", "--backend", backend, "--stage", str(stage)]
+            cmd += ["--port", str(port), "--rank", str(r), "--world-size", str(ranks)]
+            cmd += ["--model-dir", args.model_dir, "--steps", str(args.steps), "--groups", str(args.groups)]
+            cmd += ["--g", str(args.g), "--max-new", str(args.max_new)]
+            cmd += ["--tokens-per-micro-batch", str(args.tokens_per_micro_batch)]
+            trees.append(stack.enter_context(procs.Tree(cmd, env=env)))
+        outs = [t.proc.communicate(timeout=1800) for t in trees]
+    for t, (_, err) in zip(trees, outs, strict=True):
+        if t.proc.returncode:
             raise SystemExit(f"{backend} stage {stage} x{ranks} failed:\n{err[-3000:]}")
     result: dict[str, float] = json.loads(outs[0][0].strip().splitlines()[-1])
     return result

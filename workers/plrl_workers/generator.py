@@ -48,6 +48,11 @@ log = logging.getLogger("plrl.generator")
 # with B = 2 groups, 8 waiting groups were 4 batches of extra lag, enough to exceed maxLag.
 MAX_UNACKED_GROUPS = 8
 
+# Asked to stop (SIGTERM), a generator waits this long for the coordinator to take the groups it
+# still holds. A stalled trainer would keep refusing them (full buffer) for ever; their leases expire
+# and the prompts are leased again, so nothing is lost by giving up.
+STOP_DRAIN_S = 5.0
+
 
 @dataclasses.dataclass
 class _Group:
@@ -288,7 +293,7 @@ class Generator:
 
     def close(self) -> None:
         self._control.cancel()
-        self._stream.close()
+        self._stream.close(timeout_s=STOP_DRAIN_S if self._stop.is_set() else None)
         if self._in_weight_group:
             self.engine.leave_weight_group()
 

@@ -258,18 +258,31 @@ class TrainLoop:
         stop: threading.Event,
         *,
         prompt_budget: int | None = None,
+        engine: engines.TrainingEngine | None = None,
     ) -> None:
+        """`engine`: None joins the trainer group at the config's rendezvous and builds the spec's
+        backend; tests pass a fake, having joined a process group themselves (the loop broadcasts
+        each batch to every rank with torch.distributed)."""
         spec = cfg.spec
         self.cfg, self.ranks, self.stop = cfg, ranks, stop
-        host, port = worker_config.split_host_port(cfg.endpoints.rendezvous)
-        training.init_distributed(
-            training.Rendezvous(
-                host, port, ranks.rank, ranks.world_size, ranks.local_rank, cfg.endpoints.collective_backend
+        if engine is None:
+            host, port = worker_config.split_host_port(cfg.endpoints.rendezvous)
+            training.init_distributed(
+                training.Rendezvous(
+                    host,
+                    port,
+                    ranks.rank,
+                    ranks.world_size,
+                    ranks.local_rank,
+                    cfg.endpoints.collective_backend,
+                )
             )
-        )
-        self.engine = factory.training_engine(
-            training.TrainEngineConfig.from_spec(spec, cfg.paths.model_dir, local_rank=ranks.local_rank)
-        )
+            engine = factory.training_engine(
+                training.TrainEngineConfig.from_spec(spec, cfg.paths.model_dir, local_rank=ranks.local_rank)
+            )
+        elif not dist.is_initialized():
+            raise RuntimeError("a TrainLoop given an engine needs a process group: training.init_distributed")
+        self.engine = engine
         self.ckpt_root = pathlib.Path(cfg.paths.checkpoint_dir)
         meta = checkpoint.resume(self.engine, self.ckpt_root)
         self.step = meta.step if meta else 0

@@ -1,16 +1,17 @@
-"""Helpers for tests that run whole jobs with `plrl run` (real processes, gloo, gRPC, torch)."""
+"""Helpers for tests that run whole jobs with `plrl run` (real processes, gloo, gRPC, torch); every run
+is a `tests.infra.procs` process tree, so no worker outlives its test."""
 
 from __future__ import annotations
 
 import os
 import pathlib
-import subprocess
 import sys
 from typing import Any
 
-import psutil
 import pytest
 import yaml
+
+from tests.infra import procs
 
 SMALL_JOB: dict[str, Any] = {
     "apiVersion": "pipelinerl.io/v1alpha1",
@@ -49,25 +50,18 @@ def write_job(path: pathlib.Path, overrides: dict[str, Any] | None = None, **spe
     return path
 
 
-def plrl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "plrl_operator.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+def plrl_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "plrl_operator.cli", *args]
 
 
-def processes_using(path: pathlib.Path) -> list[str]:
-    """Command lines of live processes that mention `path` (orphans of a run)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info.get("cmdline") or [])
-        if str(path) in cmd:
-            found.append(cmd)
-    return found
+def plrl_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def plrl(*args: str, timeout: float = 600) -> procs.Completed:
+    """`plrl <args>` as a process tree: after a timeout or a failure no worker it started is left
+    running, and `leftover` names the processes it left behind when it exited (killed since)."""
+    return procs.run_tree(plrl_argv(*args), timeout=timeout, env=plrl_env())
 
 
 @pytest.fixture

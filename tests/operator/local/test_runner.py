@@ -10,7 +10,6 @@ import json
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -18,7 +17,8 @@ import pytest
 from plrl_api import records
 from plrl_operator.local import report
 from plrl_workers import checkpoint
-from tests.operator.local.conftest import plrl, processes_using, write_job
+from tests.infra import procs
+from tests.operator.local.conftest import plrl, plrl_argv, plrl_env, write_job
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ def test_pipeline_run_updates_weights_in_flight_and_accounts_for_every_prompt(
     # Every broadcast reached the generator: none waited out the join timeout for one that had
     # already stopped (it stops once every prompt is leased, before the last step is trained).
     assert "missing from epoch" not in (run_dir / "logs" / "trainer-0.log").read_text()
-    assert processes_using(run_dir) == []
+    assert r.leftover == []  # every worker stopped before `plrl run` exited
 
 
 def test_batches_entirely_older_than_max_lag_are_skipped_and_reported(
@@ -91,7 +91,7 @@ def test_batches_entirely_older_than_max_lag_are_skipped_and_reported(
         assert f"note: {a.outstanding} issued prompts were not trained" in r.stdout
     trainer_log = (run_dir / "logs" / "trainer-0.log").read_text()
     assert "dropped by the lag policy (maxLag 0); no step" in trainer_log
-    assert processes_using(run_dir) == []
+    assert r.leftover == []
 
 
 def test_conventional_run_alternates_with_no_lag(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
@@ -111,21 +111,22 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     # Long enough that Ctrl-C lands mid-run: the small job trains a step in well under 0.1 s.
     total = 60
     job = write_job(tmp_path / "job.yaml", training={"totalSteps": total, "checkpoint": {"everySteps": 2}})
-    cmd = [sys.executable, "-m", "plrl_operator.cli", "run", str(job), "--run-dir", str(run_dir)]
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 300
-    while checkpoint.latest(run_dir / "checkpoints") is None:
-        assert first.poll() is None, first.communicate()[0]
-        assert time.monotonic() < deadline, "no checkpoint within 300 s"
-        time.sleep(0.1)
-    first.send_signal(signal.SIGINT)  # what Ctrl-C does
-    out, _ = first.communicate(timeout=120)
-    assert first.returncode == 130, out
-    assert "resumes from the last checkpoint" in out
-    # The summary says what happened: stopped early, prompts in flight are not lost.
-    assert f" of {total} (interrupted)" in out
-    assert "replaced prompts the lag policy dropped" not in out
-    assert processes_using(run_dir) == []
+    argv = plrl_argv("run", str(job), "--run-dir", str(run_dir))
+    with procs.Tree(argv, env=plrl_env(), stderr=subprocess.STDOUT) as tree:
+        first = tree.proc
+        deadline = time.monotonic() + 300
+        while checkpoint.latest(run_dir / "checkpoints") is None:
+            assert first.poll() is None, first.communicate()[0]
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.1)
+        first.send_signal(signal.SIGINT)  # what Ctrl-C does (to `plrl run` only: workers have sessions)
+        out, _ = first.communicate(timeout=120)
+        assert first.returncode == 130, out
+        assert "resumes from the last checkpoint" in out
+        # The summary says what happened: stopped early, prompts in flight are not lost.
+        assert f" of {total} (interrupted)" in out
+        assert "replaced prompts the lag policy dropped" not in out
+        assert tree.survivors() == []  # it stopped every worker before exiting
     latest = checkpoint.latest(run_dir / "checkpoints")
     assert latest is not None
     saved = checkpoint.read_meta(latest)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -17,7 +16,8 @@ import yaml
 
 from plrl_operator.local import report
 from plrl_workers import checkpoint
-from tests.operator.local.conftest import plrl, processes_using
+from tests.infra import procs
+from tests.operator.local.conftest import plrl
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +27,8 @@ ROOT = pathlib.Path(__file__).parents[3]
 def test_a_file_that_is_not_gguf_is_refused_naming_it(tmp_path: pathlib.Path) -> None:
     bogus = tmp_path / "model.gguf"
     bogus.write_bytes(b"not a gguf file")
-    r = subprocess.run(
+    r = procs.run_tree(
         [sys.executable, "-m", "plrl_workers.models.gguf_import", str(bogus), str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert r.returncode == 2
@@ -39,9 +37,7 @@ def test_a_file_that_is_not_gguf_is_refused_naming_it(tmp_path: pathlib.Path) ->
 
 
 def test_the_smollm2_example_trains_a_real_model(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
-    prepared = subprocess.run(
-        ["bash", "scripts/prepare-smollm2.sh"], cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
+    prepared = procs.run_tree(["bash", "scripts/prepare-smollm2.sh"], cwd=ROOT, timeout=900)
     assert prepared.returncode == 0, prepared.stderr
     model_dir = ROOT / prepared.stdout.strip()
     assert json.loads((model_dir / "config.json").read_text())["model_type"] == "llama"
@@ -58,4 +54,4 @@ def test_the_smollm2_example_trains_a_real_model(tmp_path: pathlib.Path, run_dir
     p = summary["prompts"]
     assert p["issued"] == p["trained"] + p["dropped_by_lag"] == 2 * 16 // 4
     assert [c.name for c in checkpoint.checkpoints(run_dir / "checkpoints")] == ["step-00000002"]
-    assert processes_using(run_dir) == []
+    assert r.leftover == []

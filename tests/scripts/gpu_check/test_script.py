@@ -19,6 +19,7 @@ import subprocess
 import pytest
 
 from plrl_api import utilisation
+from tests.infra import procs
 
 SCRIPT = pathlib.Path(__file__).parents[3] / "scripts" / "gpu-check.sh"
 
@@ -26,21 +27,21 @@ SCRIPT = pathlib.Path(__file__).parents[3] / "scripts" / "gpu-check.sh"
 @pytest.fixture(scope="module")
 def cpu_run(
     tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[subprocess.CompletedProcess[str], pathlib.Path]:
+) -> tuple[procs.Completed, pathlib.Path]:
     out = tmp_path_factory.mktemp("gpu-check-out")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(
-        [str(SCRIPT), "--cpu", "--out", str(out)], capture_output=True, text=True, timeout=600, env=env
-    )
+    # The check runs `plrl run`, whose workers have sessions of their own: kill the whole tree.
+    r = procs.run_tree([str(SCRIPT), "--cpu", "--out", str(out)], timeout=600, env=env)
     return r, out
 
 
 @pytest.mark.slow
 def test_the_cpu_run_passes_every_stage_or_skips_what_needs_cuda(
-    cpu_run: tuple[subprocess.CompletedProcess[str], pathlib.Path],
+    cpu_run: tuple[procs.Completed, pathlib.Path],
 ) -> None:
     r, out = cpu_run
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert r.leftover == []  # the check's own `plrl run` stopped every worker it started
     doc = json.loads((out / "results.json").read_text())
     assert (doc["schema"], doc["mode"], doc["ok"]) == ("plrl-gpu-check/1", "cpu", True)
     status = {s["name"]: s for s in doc["stages"]}
@@ -71,7 +72,7 @@ def test_the_cpu_run_passes_every_stage_or_skips_what_needs_cuda(
 
 @pytest.mark.slow
 def test_the_output_folder_holds_only_what_the_gpu_machine_returns(
-    cpu_run: tuple[subprocess.CompletedProcess[str], pathlib.Path],
+    cpu_run: tuple[procs.Completed, pathlib.Path],
 ) -> None:
     _, out = cpu_run
     files = list(out.iterdir())

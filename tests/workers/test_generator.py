@@ -1,0 +1,416 @@
+"""The generator loop (`generator.Generator.run`) against a real coordinator over gRPC on 127.0.0.1.
+
+The engine is a fake written here (deterministic tokens, logprobs <= 0, each token tagged with the
+engine's weight version, every request finished after `LENGTH` decode steps; it can be stalled and
+told to fail a broadcast); everything else is real: `coordinator.core.Coordinator`, `rpc.server`,
+`rpc.client.CoordinatorClient`, the rollout stream and the control stream.
+
+Cases:
+- backpressure: with no trainer taking groups, the generator stops leasing once `max_unacked_groups`
+  groups wait for the full buffer (leases, requests and in-flight sequences stay bounded while the
+  coordinator keeps refusing re-sends), then resumes when groups are taken, and every prompt is
+  accounted for once the source is used up (and `run()` returns by itself);
+- a failed broadcast (`GroupAborted`): the generator leaves the group, pulls the full weights of that
+  version over gRPC (bit-exact), and the tokens it decodes from then on carry the new version (a
+  sequence in flight across the update holds both versions);
+- a Stop on the control stream ends `run()`; `close()` leaves the broadcast group it had joined and
+  closes the control stream and the rollout stream;
+- a rollout refused by the coordinator (its lease expired while the generator decoded) is counted,
+  not fatal: the generator goes on and the re-queued prompt comes back from a later lease;
+- asked to stop (SIGTERM) while backpressured, it stops without waiting for a stalled trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import pytest
+import torch
+
+from plrl_workers import generator, protocol
+from plrl_workers.coordinator import core as coordinator
+from plrl_workers.engines import base as engines
+from plrl_workers.rpc import client, server
+from plrl_workers.weight_sync import groups, snapshot
+from tests.polling import eventually
+
+TOKEN = "job-token"
+GEN = "gen-0"
+G = 2
+LENGTH = 3  # tokens per completion
+VOCAB = 64
+EOS = 1
+
+
+# --------------------------------------------------------------------------- the fake engine
+
+
+@dataclasses.dataclass
+class _Seq:
+    request_id: str
+    prompt: tuple[int, ...]
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+
+
+class FakeEngine:
+    """A `GenerationEngine` that decodes `LENGTH` deterministic tokens per request, one per `step()`.
+
+    `allow(n)` lets only `n` more decode steps run (None: no limit); a stalled engine's `step()`
+    returns nothing, like a slow decode. `fail_receive` makes `receive_weights` raise `GroupAborted`.
+    Calls are recorded: `requests` (every request id added), `sync` (weight-sync calls in order),
+    `pulled` (each `update_weights`: version and tensors), `max_in_flight`.
+    """
+
+    def __init__(self, step_s: float = 0.001) -> None:
+        self._version = 0
+        self._live: dict[str, _Seq] = {}
+        self._step_s = step_s
+        self._steps_left: int | None = None
+        self._lock = threading.Lock()
+        self.steps = 0
+        self.requests: list[str] = []
+        self.sync: list[str] = []
+        self.pulled: list[tuple[int, dict[str, torch.Tensor]]] = []
+        self.max_in_flight = 0
+        self.fail_receive = False
+        self.closed = False
+
+    def allow(self, steps: int | None) -> None:
+        with self._lock:
+            self._steps_left = steps
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: engines.SamplingParams
+    ) -> None:
+        engines.validate_request(request_id, prompt_token_ids, params, 1024, self._live)
+        self._live[request_id] = _Seq(request_id, tuple(prompt_token_ids))
+        self.requests.append(request_id)
+        self.max_in_flight = max(self.max_in_flight, len(self._live))
+
+    def step(self) -> list[engines.FinishedSequence]:
+        time.sleep(self._step_s)
+        with self._lock:
+            if self._steps_left is not None:
+                if self._steps_left <= 0:
+                    return []
+                self._steps_left -= 1
+        self.steps += 1
+        done: list[engines.FinishedSequence] = []
+        for seq in list(self._live.values()):
+            n = len(seq.tokens)
+            seq.tokens.append(10 + (sum(seq.prompt) + n) % (VOCAB - 10))
+            seq.logprobs.append(-0.25 * (n + 1))
+            seq.versions.append(self._version)
+            if len(seq.tokens) == LENGTH:
+                del self._live[seq.request_id]
+                finished = engines.FinishedSequence(
+                    seq.request_id, seq.prompt, seq.tokens, seq.logprobs, seq.versions, "length"
+                )
+                finished.check()
+                done.append(finished)
+        return done
+
+    def num_in_flight(self) -> int:
+        return len(self._live)
+
+    def abort(self, request_id: str) -> None:
+        self._live.pop(request_id, None)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        engines.check_version(self._version, version)
+        got = {name: t.clone() for name, t in named_tensors}
+        self.pulled.append((version, got))
+        self.sync.append(f"update:{version}")
+        self._version = version
+
+    def join_weight_group(self, group: protocol.GroupInfo) -> None:
+        self.sync.append("join")
+
+    def receive_weights(self, ann: protocol.Announcement) -> None:
+        self.sync.append("receive")
+        if self.fail_receive:
+            raise groups.GroupAborted("the sender aborted this weight-sync epoch")
+        self._version = ann.version
+
+    def leave_weight_group(self) -> None:
+        self.sync.append("leave")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeTokenizer:
+    """What the generator asks of a tokenizer: `decode` (for the reward) and `eos_token_id`."""
+
+    eos_token_id = EOS
+
+    def decode(self, token_ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(str(t) for t in token_ids if not (skip_special_tokens and t == EOS))
+
+
+def reward(prompt: str, completion: str, answer: str) -> float:
+    return 1.0 if completion.endswith(answer) else 0.0
+
+
+# --------------------------------------------------------------------------- the rig
+
+
+def prompts(n: int) -> Iterator[protocol.Prompt]:
+    for i in range(n):
+        yield protocol.Prompt(prompt_id=i, text=f"{i}+1=", answer=str(i + 1), token_ids=(2, 3, 4 + i % 20))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclasses.dataclass
+class Rig:
+    coord: coordinator.Coordinator
+    store: snapshot.SnapshotStore
+    engine: FakeEngine
+    gen: generator.Generator
+    capacity: int
+    thread: threading.Thread
+    errors: list[BaseException]
+
+    def stats(self) -> protocol.Stats:
+        return self.coord.stats()
+
+    def train(self, n: int) -> list[protocol.RolloutGroup]:
+        """What a trainer does: take up to `n` groups and finish a step on them (same version)."""
+        taken = self.coord.take(n, timeout_s=0.0)
+        self.coord.finish_step(self.coord.weight_version)
+        return taken
+
+    def train_until(self, n: int, what: str) -> list[protocol.RolloutGroup]:
+        """Train whatever arrives until `n` groups were taken."""
+        taken: list[protocol.RolloutGroup] = []
+
+        def enough() -> bool:
+            taken.extend(self.train(n - len(taken)))
+            return len(taken) >= n
+
+        eventually(enough, what=what)
+        return taken
+
+
+Start = Callable[..., Rig]
+
+
+@pytest.fixture
+def start() -> Iterator[Start]:
+    """start(n_prompts, engine=..., capacity=..., max_unacked=..., <Config fields>) -> a running Rig.
+
+    Teardown stops the coordinator (a Stop on the control stream), joins the generator's thread and
+    re-raises whatever `run()` raised."""
+    rigs: list[tuple[Rig, server.Server, client.CoordinatorClient]] = []
+
+    def make(
+        n_prompts: int,
+        *,
+        engine: FakeEngine | None = None,
+        capacity: int = 2 * G,
+        max_unacked: int = 4,
+        buffer_groups: int = 64,
+        submit_wait_s: float = 10.0,
+        lease_timeout_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Rig:
+        cfg = coordinator.Config(
+            samples_per_prompt=G,
+            vocab_size=VOCAB,
+            buffer_groups=buffer_groups,
+            submit_wait_s=submit_wait_s,
+            lease_timeout_s=lease_timeout_s,
+        )
+        coord = coordinator.Coordinator(prompts(n_prompts), cfg, clock=clock)
+        store = snapshot.SnapshotStore()
+        srv = server.serve(coord, token=TOKEN, snapshots=store, host="127.0.0.1", port=0, max_workers=16)
+        cli = client.CoordinatorClient(f"127.0.0.1:{srv.port}", TOKEN, timeout_s=10)
+        eng = engine or FakeEngine()
+        gen = generator.Generator(
+            generator_id=GEN,
+            engine=eng,
+            coord=cli,
+            tokenizer=FakeTokenizer(),
+            reward_fn=reward,
+            params=engines.SamplingParams(max_new_tokens=LENGTH, stop_token_ids=(EOS,)),
+            samples_per_prompt=G,
+            max_unacked_groups=max_unacked,
+        )
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                gen.run(capacity)
+            except BaseException as exc:  # surfaced by the teardown
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, name="generator-under-test", daemon=True)
+        rig = Rig(coord, store, eng, gen, capacity, thread, errors)
+        rigs.append((rig, srv, cli))
+        thread.start()
+        eventually(lambda: coord.stats().control_streams == 1, what="the generator's control stream")
+        return rig
+
+    yield make
+    for rig, srv, cli in rigs:
+        rig.coord.stop("test over")
+        rig.thread.join(timeout=30)
+        srv.stop(0)
+        cli.close()
+        assert not rig.thread.is_alive(), "the generator did not stop"
+        if rig.errors:
+            raise rig.errors[0]
+
+
+def announce(rig: Rig, version: int) -> None:
+    """What the weight broadcaster does for a generator with a control stream: queue a WeightUpdate."""
+    group = protocol.GroupInfo(host="127.0.0.1", port=1, rank=1, world_size=2, epoch=7, backend="gloo")
+    ann = protocol.Announcement(
+        version=version,
+        epoch=7,
+        params=(protocol.ParamMeta("w", "float32", (4, 3)),),
+        bucket_bytes=1 << 20,
+    )
+    assert rig.coord.announce_weights(GEN, group, ann)
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def test_backpressure_stops_leasing_until_the_trainer_takes_groups(start: Start) -> None:
+    max_unacked, buffer = 2, 2
+    rig = start(12, max_unacked=max_unacked, buffer_groups=buffer, submit_wait_s=0.05)
+    capacity_prompts = rig.capacity // G
+
+    # Nobody trains: the buffer fills, later groups are refused (RESOURCE_EXHAUSTED) and re-sent.
+    def backpressured() -> protocol.Stats | None:
+        s = rig.stats()
+        resent = s.refused.get("RESOURCE_EXHAUSTED", 0) >= 2 * max(1, s.accounting.leased)
+        idle = rig.engine.num_in_flight() == 0
+        return s if s.accounting.buffered == buffer and idle and resent else None
+
+    waiting = eventually(backpressured, what="a full buffer, an idle engine and re-sent groups")
+    a = waiting.accounting
+    # Leasing stopped at max_unacked waiting groups (plus what was already in flight then).
+    assert max_unacked <= a.leased <= max_unacked - 1 + capacity_prompts
+    assert rig.gen.heartbeat_report(rig.capacity).queue_depth == a.leased
+    assert a.issued == buffer + a.leased and a.balanced
+    # It stays stopped while the coordinator keeps refusing: another full round of re-sends later,
+    # not one prompt more was leased or decoded.
+    refused = waiting.refused["RESOURCE_EXHAUSTED"]
+
+    def resent_again() -> protocol.Stats | None:
+        s = rig.stats()
+        return s if s.refused["RESOURCE_EXHAUSTED"] >= refused + a.leased else None
+
+    later = eventually(resent_again, what="another round of re-sends")
+    assert later.accounting == a
+    assert len(rig.engine.requests) == a.issued * G
+    assert rig.engine.max_in_flight <= rig.capacity
+    # The trainer takes groups: the waiting ones get in, and the generator leases again.
+    trained = rig.train(buffer)
+    eventually(lambda: rig.stats().accounting.issued > a.issued, what="leasing to resume")
+    trained += rig.train_until(12 - buffer, what="every prompt's group")
+    rig.thread.join(timeout=30)  # the source is used up and every group delivered: run() returns
+    assert not rig.thread.is_alive()
+    final = rig.stats().accounting
+    assert (final.issued, final.trained, final.outstanding) == (12, 12, 0)
+    assert sorted(g.prompt_id for g in trained) == list(range(12))
+    assert len(rig.engine.requests) == len(set(rig.engine.requests)) == 12 * G
+    assert rig.gen.refused == 0  # re-sent on backpressure, never given up
+
+
+def test_after_a_failed_broadcast_it_pulls_the_full_weights_and_decodes_with_them(start: Start) -> None:
+    engine = FakeEngine()
+    engine.allow(1)  # one decode step at version 0, then stalled with the sequences in flight
+    engine.fail_receive = True
+    rig = start(40, engine=engine, buffer_groups=64)
+    eventually(
+        lambda: engine.steps == 1 and engine.num_in_flight() == rig.capacity,
+        what="a decode step with every slot in flight",
+    )
+    first = list(engine.requests)
+    published = {"w": torch.arange(12, dtype=torch.float32).reshape(4, 3), "b": torch.tensor([1.5, -2.0])}
+    rig.store.publish(snapshot.WeightSnapshot.from_named_tensors(3, published.items()))
+    rig.coord.finish_step(3)  # the trainer is at version 3, announces it, and the broadcast aborts
+    announce(rig, 3)
+    eventually(lambda: "update:3" in engine.sync, what="the full-weights pull")
+    assert engine.sync == ["join", "receive", "leave", "update:3"]
+    ((version, got),) = engine.pulled
+    assert version == 3 and list(got) == list(published)
+    assert all(torch.equal(got[n], t) for n, t in published.items())
+    engine.allow(None)
+    taken = rig.train_until(6, what="groups decoded after the pull")
+    started_before = {r.rpartition("#")[0] for r in first}
+    for g in taken:
+        for s in g.samples:
+            # The first token of a sequence in flight at the update is version 0; every later one is 3.
+            want = [0] + [3] * (LENGTH - 1) if g.lease_id in started_before else [3] * LENGTH
+            assert s.versions.tolist() == want, (g.lease_id, s.versions)
+    assert {g.lease_id for g in taken} > started_before
+
+
+def test_a_stop_on_the_control_stream_ends_run_and_close_cleans_up(start: Start) -> None:
+    rig = start(1000, buffer_groups=4, submit_wait_s=0.05)
+    rig.coord.finish_step(1)
+    announce(rig, 1)  # a broadcast that succeeds: the generator is now in the weight group
+    eventually(lambda: rig.engine.weight_version == 1, what="weights v1 received in flight")
+    assert rig.engine.sync == ["join", "receive"]
+    eventually(lambda: rig.stats().accounting.leased > 0, what="rollouts in flight")
+    rig.coord.stop("job finished")
+    rig.thread.join(timeout=30)
+    assert not rig.thread.is_alive() and not rig.errors
+    assert rig.engine.sync == ["join", "receive", "leave"]  # close() left the broadcast group
+    eventually(lambda: rig.stats().control_streams == 0, what="the control stream to close")
+    eventually(
+        lambda: not {"control", "plrl-rollout-acks"} & {t.name for t in threading.enumerate()},
+        what="the control and rollout-stream threads to end",
+    )
+
+
+def test_a_refused_rollout_is_counted_and_the_generator_goes_on(start: Start) -> None:
+    clock = Clock()
+    engine = FakeEngine()
+    engine.allow(0)  # stalled: a slow generator holding its leases
+    rig = start(4, engine=engine, clock=clock, lease_timeout_s=10.0)
+    eventually(lambda: rig.stats().accounting.leased == rig.capacity // G, what="leases out")
+    first = list(engine.requests)
+    clock.t += 11  # the leases expire; the coordinator re-queues their prompts
+    s = rig.stats()
+    assert (s.leases_expired, s.accounting.requeued, s.accounting.leased) == (2, 2, 0)
+    engine.allow(None)
+    eventually(lambda: rig.gen.refused == 2, what="the late rollouts to be refused")
+    assert rig.stats().refused == {"FAILED_PRECONDITION": 2}
+    taken = rig.train_until(4, what="every prompt's rollouts")
+    rig.thread.join(timeout=30)
+    assert not rig.thread.is_alive() and not rig.errors  # it went on to the end of the source
+    assert sorted(g.prompt_id for g in taken) == [0, 1, 2, 3]  # the re-queued prompts came back
+    assert not {g.lease_id for g in taken} & {r.rpartition("#")[0] for r in first}
+    a = rig.stats().accounting
+    assert (a.issued, a.trained, a.outstanding) == (4, 4, 0)
+
+
+def test_asked_to_stop_while_backpressured_it_stops_without_waiting_for_the_trainer(start: Start) -> None:
+    rig = start(100, max_unacked=2, buffer_groups=2, submit_wait_s=0.05)
+    eventually(lambda: rig.stats().refused.get("RESOURCE_EXHAUSTED", 0) >= 2, what="backpressure")
+    rig.gen.stop()  # SIGTERM; the trainer is stalled, the coordinator not stopping
+    rig.thread.join(timeout=generator.STOP_DRAIN_S + 10)
+    assert not rig.thread.is_alive() and not rig.errors
+    a = rig.stats().accounting
+    assert a.balanced and a.buffered == 2  # the groups it gave up on are still leased: they expire
