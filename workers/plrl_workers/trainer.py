@@ -197,7 +197,7 @@ class Coordination:
         self.trained_tokens += int(trained)
         record = records.StepRecord(
             step=step,
-            version=int(train_metrics.get("version", step)),
+            version=int(train_metrics["version"]),
             elapsed_s=round(elapsed, 3),
             step_s=round(step_s, 4),
             busy_s=round(busy_s, 4),
