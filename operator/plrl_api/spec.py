@@ -14,6 +14,10 @@ is never an integer or a boolean, NaN and infinities are refused, and every numb
 The operator's admission webhook runs these models on every create and update, so a rule that
 CEL cannot express is still enforced at `kubectl apply` time.
 
+The module is long (over 800 lines) on purpose: it is the API's one reference, every field with
+its description and bounds and every rule with its message beside the model it belongs to, as
+`kubectl explain` and the CRD show them.
+
 Neighbours: `plrl_api.validation` (rules and value types), `plrl_operator.crd` (schema
 generation), `plrl_operator.jobfile` (reading job files), `plrl_operator.admission` (the webhook),
 `plrl_api.plan` (pods per role), `plrl_api.worker_config` (what a worker reads).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 import pydantic
@@ -48,7 +53,7 @@ BUILTIN_MODELS = ("builtin:tiny",)
 # `99+99=` and `rev 1234567=` (the API server can check those lengths; other models' tokenizers
 # are checked by `plrl run`'s init step).
 BUILTIN_TASKS: dict[str, int] = {"arith": 7, "reverse": 13}
-TaskName = Literal["jsonl", "builtin:arith", "builtin:reverse"]
+TASK_NAMES = ("jsonl", *(f"builtin:{t}" for t in BUILTIN_TASKS))
 # The built-in rewards (`plrl_workers.tasks.rewards.BUILTIN_REWARDS`; a test keeps them equal).
 BUILTIN_REWARDS = ("digit_match", "exact_match")
 # Seeds: what numpy's and torch's generators accept everywhere (0 <= seed < 2**32).
@@ -196,9 +201,13 @@ class DatasetSource(_Model):
 class TaskSpec(_Model):
     """What the model is asked to do and how its answers are scored."""
 
-    name: TaskName = Field(
+    name: str = Field(
         default="builtin:arith",
-        description="A builtin task (`builtin:<name>`) or `jsonl` to read prompts from `dataset`.",
+        min_length=1,
+        max_length=_PATH,
+        description=(
+            f"`jsonl` to read prompts from `dataset`, or a builtin task: {', '.join(TASK_NAMES[1:])}."
+        ),
     )
     dataset: DatasetSource | None = Field(default=None, description="Prompt source when name is `jsonl`.")
     reward: str = Field(
@@ -600,21 +609,24 @@ def _generation_capacity(s: JobSpec) -> int:
     return s.generation.concurrent_sequences * tp
 
 
-def _longest_tiny_prompt(s: JobSpec) -> int | None:
-    """Tokens of the longest prompt when builtin:tiny runs a builtin task (else unknown here)."""
-    if s.model.name != "builtin:tiny" or not s.task.name.startswith("builtin:"):
-        return None
-    return BUILTIN_TASKS[s.task.name.removeprefix("builtin:")]
+_Check = Callable[["JobSpec"], bool]
 
 
-def _fits_model_len(s: JobSpec) -> bool:
-    prompt, limit = _longest_tiny_prompt(s), s.generation.max_model_len
-    return prompt is None or limit is None or limit >= prompt + s.generation.max_new_tokens
+def _tiny_prompt_checks(task: str, prompt: int) -> tuple[_Check, _Check]:
+    """For builtin:tiny on builtin:`task` (longest prompt `prompt` tokens): does a sequence fit
+    generation.maxModelLen, and does it fit a micro-batch? (True for every other model or task.)"""
 
+    def applies(s: JobSpec) -> bool:
+        return s.model.name == "builtin:tiny" and s.task.name == f"builtin:{task}"
 
-def _fits_micro_batch(s: JobSpec) -> bool:
-    prompt = _longest_tiny_prompt(s)
-    return prompt is None or s.training.tokens_per_micro_batch >= prompt + s.generation.max_new_tokens
+    def fits_model_len(s: JobSpec) -> bool:
+        limit = s.generation.max_model_len
+        return not applies(s) or limit is None or limit >= prompt + s.generation.max_new_tokens
+
+    def fits_micro_batch(s: JobSpec) -> bool:
+        return not applies(s) or s.training.tokens_per_micro_batch >= prompt + s.generation.max_new_tokens
+
+    return fits_model_len, fits_micro_batch
 
 
 def _builtin_prompt_rules() -> tuple[Rule, ...]:
@@ -625,19 +637,20 @@ def _builtin_prompt_rules() -> tuple[Rule, ...]:
     for task, prompt in BUILTIN_TASKS.items():
         when = f"self.model.name == 'builtin:tiny' && self.task.name == 'builtin:{task}'"
         why = f"the longest builtin:{task} prompt is {prompt} tokens of builtin:tiny"
+        fits_model_len, fits_micro_batch = _tiny_prompt_checks(task, prompt)
         rules += [
             Rule(
                 "generation.maxModelLen",
                 f"!({when}) || !has(self.generation.maxModelLen) "
                 f"|| self.generation.maxModelLen >= {prompt} + self.generation.maxNewTokens",
-                _fits_model_len,
+                fits_model_len,
                 f"generation.maxModelLen={{generation.maxModelLen}} must be at least {prompt} + "
                 f"generation.maxNewTokens={{generation.maxNewTokens}} ({why})",
             ),
             Rule(
                 "training.tokensPerMicroBatch",
                 f"!({when}) || self.training.tokensPerMicroBatch >= {prompt} + self.generation.maxNewTokens",
-                _fits_micro_batch,
+                fits_micro_batch,
                 f"training.tokensPerMicroBatch={{training.tokensPerMicroBatch}} must be at least {prompt} + "
                 f"generation.maxNewTokens={{generation.maxNewTokens}} ({why}; sequences are never split)",
             ),
@@ -666,6 +679,14 @@ class JobSpec(_Model):
     )
 
     RULES = (
+        # On the job rather than on `task`, so that a TaskSpec with another name can still be built
+        # (the workers' task registry refuses it with its own error).
+        Rule(
+            "task.name",
+            f"self.task.name in {_cel_list(TASK_NAMES)}",
+            lambda s: s.task.name in TASK_NAMES,
+            f"task.name={{task.name}} must be one of {', '.join(TASK_NAMES)}",
+        ),
         Rule(
             "pipeline.generators",
             f"!has({_I}) || {_I} < {_N}",

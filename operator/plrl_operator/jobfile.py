@@ -12,7 +12,8 @@ would be refused, naming the same field:
   named), and the document may not nest deeper than `MAX_DEPTH` or expand, aliases included, to
   more than `MAX_NODES` nodes (a "billion laughs" alias bomb is refused while it is still small).
 
-Neighbours: `plrl_api.spec` (the models), the CLI verbs (the callers).
+`Dumper` writes YAML the same resolution reads back unchanged (the run directory's `job.yaml`,
+`plrl render`'s output). Neighbours: `plrl_api.spec` (the models), the CLI verbs (the callers).
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ from typing import Any, ClassVar
 import yaml
 import yaml.composer
 import yaml.constructor
+import yaml.emitter
 import yaml.nodes
 import yaml.parser
 import yaml.reader
+import yaml.representer
 import yaml.resolver
 import yaml.scanner
+import yaml.serializer
 
 from plrl_api import spec as spec_mod
 
@@ -164,6 +168,45 @@ class _Loader(_Parser, yaml.composer.Composer, _Constructor, _Resolver):
 
 class _TooBig(Exception):
     pass
+
+
+class Dumper(yaml.emitter.Emitter, yaml.serializer.Serializer, yaml.representer.SafeRepresenter, _Resolver):
+    """YAML that kubectl and `load_job` read back as written: a string that kubectl would take
+    for a number or a boolean (`1e3`, `y`, `0o17`) is quoted; no aliases."""
+
+    def __init__(self, stream: Any, **kwargs: Any) -> None:
+        yaml.emitter.Emitter.__init__(
+            self,
+            stream,
+            canonical=kwargs.get("canonical"),
+            indent=kwargs.get("indent"),
+            width=kwargs.get("width"),
+            allow_unicode=kwargs.get("allow_unicode"),
+            line_break=kwargs.get("line_break"),
+        )
+        yaml.serializer.Serializer.__init__(
+            self,
+            encoding=kwargs.get("encoding"),
+            explicit_start=kwargs.get("explicit_start"),
+            explicit_end=kwargs.get("explicit_end"),
+            version=kwargs.get("version"),
+            tags=kwargs.get("tags"),
+        )
+        yaml.representer.SafeRepresenter.__init__(
+            self,
+            default_style=kwargs.get("default_style"),
+            default_flow_style=kwargs.get("default_flow_style", False),
+            sort_keys=kwargs.get("sort_keys", True),
+        )
+        _Resolver.__init__(self)
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_yaml(doc: Any) -> str:
+    """`doc` as YAML that reads back (here and in kubectl) to the same values."""
+    return yaml.dump(doc, Dumper=Dumper, sort_keys=False)
 
 
 def _check_expansion(root: yaml.nodes.Node) -> None:

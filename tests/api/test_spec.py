@@ -260,6 +260,15 @@ def test_each_rule_on_both_sides_of_its_bound(
     spec.parse_job(_job(**good))
 
 
+def test_only_the_jobs_own_task_length_applies() -> None:
+    lines = _refusal(**TINY_REVERSE, generation={"maxNewTokens": 10}, training={"tokensPerMicroBatch": 16})
+    assert lines == [
+        "spec.training.tokensPerMicroBatch: training.tokensPerMicroBatch=16 must be at least 13 + "
+        "generation.maxNewTokens=10 (the longest builtin:reverse prompt is 13 tokens of builtin:tiny; "
+        "sequences are never split)"
+    ]
+
+
 def test_rule_messages_are_the_crd_messages() -> None:
     """Each Rule renders into pydantic's message and the CRD's messageExpression from one text."""
     rule = next(r for r in spec.JobSpec.RULES if r.field == "training.batchSize")
@@ -278,7 +287,11 @@ def test_rule_messages_are_the_crd_messages() -> None:
         ({"training": {"batchSiz": 100}}, "spec.training.batchSiz", "unknown field"),
         ({"generation": {"engine": "sglang"}}, "spec.generation.engine", "'vllm' or 'torch'"),
         ({"resources": {"totalGPUs": 1}}, "spec.resources.totalGPUs", "greater than or equal to 2"),
-        ({"task": {"name": "arith"}}, "spec.task.name", "'jsonl', 'builtin:arith' or 'builtin:reverse'"),
+        (
+            {"task": {"name": "arith"}},
+            "spec.task.name",
+            "must be one of jsonl, builtin:arith, builtin:reverse",
+        ),
         ({"training": {"batchSize": "64"}}, "spec.training.batchSize", "valid integer"),
         ({"training": {"batchSize": True}}, "spec.training.batchSize", "valid integer"),
         ({"training": {"batchSize": 64.5}}, "spec.training.batchSize", "valid integer"),
@@ -416,3 +429,13 @@ def test_every_shipped_job_file_is_a_valid_job(path: pathlib.Path) -> None:
     job = jobfile.load_job(path)
     assert job.metadata.name
     assert len(SHIPPED_JOBS) >= 4  # examples/job.yaml, local-tiny.yaml and the bench jobs are found
+
+
+def test_dumped_yaml_reads_back_unchanged() -> None:
+    """The run directory's job.yaml and `plrl render`'s output: strings kubectl would take for
+    numbers or booleans are quoted, so both readers get back what was written."""
+    doc = {"cpu": "1e3", "b": "y", "c": "0o17", "d": "plain", "e": 1e-6, "f": "1:30", "g": ["n", 2], "h": "~"}
+    text = jobfile.dump_yaml(doc)
+    assert jobfile.parse_yaml(text.encode(), "t.yaml") == doc
+    job = spec.parse_job(_job(resources={"cpu": "1e3", "memory": "1e9"}))
+    assert spec.parse_job(jobfile.parse_yaml(jobfile.dump_yaml(spec.dump_job(job)).encode(), "j")) == job

@@ -149,7 +149,8 @@ def test_bounds_enums_and_defaults_carry_over() -> None:
     for q in (".spec.resources.cpu", ".spec.resources.memory"):
         assert p[q]["x-kubernetes-int-or-string"] is True and "type" not in p[q]
         assert (p[q]["pattern"], p[q]["minimum"]) == (validation.QUANTITY_PATTERN, 0)
-    assert p[".spec.task.name"]["enum"] == ["jsonl", *(f"builtin:{t}" for t in spec.BUILTIN_TASKS)]
+    assert ("jsonl", *(f"builtin:{t}" for t in spec.BUILTIN_TASKS)) == spec.TASK_NAMES
+    assert "builtin:reverse" in p[".spec.task.name"]["description"]
     for path, node in p.items():  # every number is bounded (and so is every string the CEL reads)
         if path.startswith(".spec") and node.get("type") in ("integer", "number") and "enum" not in node:
             assert "minimum" in node and "maximum" in node, path

@@ -31,8 +31,6 @@ import subprocess
 import sys
 import time
 
-import yaml
-
 from plrl_api import names, plan, worker_config
 from plrl_api import spec as spec_mod
 from plrl_operator import jobfile
@@ -72,7 +70,7 @@ def prepare_run_dir(job: spec_mod.PipelineRLJob, run_dir: pathlib.Path) -> bool:
             )
         return True
     run_dir.mkdir(parents=True, exist_ok=True)
-    job_file.write_text(yaml.safe_dump(spec_mod.dump_job(job), sort_keys=False))
+    job_file.write_text(jobfile.dump_yaml(spec_mod.dump_job(job)))
     return False
 
 
