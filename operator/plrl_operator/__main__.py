@@ -1,7 +1,8 @@
 """`python -m plrl_operator`: run the operator (kopf) with settings from env and flags.
 
 Environment (set by the Helm chart): PLRL_NAMESPACES, PLRL_PEERING, PLRL_METRICS_PORT,
-PLRL_LIVENESS_PORT, PLRL_STATUS_INTERVAL, PLRL_FIELD_MANAGER; flags override them.
+PLRL_LIVENESS_PORT, PLRL_STATUS_INTERVAL, PLRL_FIELD_MANAGER, PLRL_WEBHOOK_PORT, PLRL_WEBHOOK_ADDR,
+PLRL_WEBHOOK_CERT_DIR, PLRL_WEBHOOK_HOST; flags override them (see `settings.OperatorConfig`).
 Credentials: in-cluster ServiceAccount, else $KUBECONFIG. Neighbours: `settings`, `handlers`.
 """
 
@@ -34,6 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics-port", type=int, default=base.metrics_port, help="0 disables /metrics")
     p.add_argument("--liveness-port", type=int, default=base.liveness_port, help="0 disables /healthz")
     p.add_argument("--status-interval", type=float, default=base.status_interval, help="seconds")
+    p.add_argument("--webhook-port", type=int, default=base.webhook_port, help="admission webhook; 0: none")
+    p.add_argument("--webhook-addr", default=base.webhook_addr, help="address the webhook listens on")
+    p.add_argument("--webhook-cert-dir", default=base.webhook_cert_dir, help="tls.crt, tls.key, ca.crt")
+    p.add_argument(
+        "--webhook-host",
+        default=base.webhook_host,
+        help="outside the cluster: register the webhook as https://HOST:PORT (generates a certificate)",
+    )
     a = p.parse_args(argv)
     namespaces = () if a.all_namespaces else tuple(a.namespace or base.namespaces)
     config = dataclasses.replace(
@@ -44,7 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port=a.metrics_port,
         liveness_port=a.liveness_port,
         status_interval=a.status_interval,
+        webhook_port=a.webhook_port,
+        webhook_addr=a.webhook_addr,
+        webhook_cert_dir=a.webhook_cert_dir or None,
+        webhook_host=a.webhook_host or None,
     )
+    problem = settings.check(config)
+    if problem:
+        p.error(problem)
     from plrl_operator import handlers  # imports kopf: only now that the flags are known good
 
     handlers.run(config)

@@ -190,9 +190,10 @@ def build() -> dict[str, Any]:
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object", "properties": {"name": name_schema}},
-            "spec": {**spec_schema, "default": group_default(spec_schema)},
+            "spec": spec_schema,
             "status": status_schema,
         },
+        "required": ["spec"],
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

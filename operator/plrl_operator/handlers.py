@@ -12,11 +12,16 @@
   StatefulSets scale to zero).
 - deletion: nothing to do; every child has the job as controller owner, so the garbage collector
   removes them (the timer's finalizer is kopf's own, removed by kopf on delete).
+- admission (when `webhook_port` is set): `validate_job` refuses a create or update that
+  `plrl run` would refuse (`admission.review`), with the same lines; the webhook server's
+  certificate comes from the chart's Secret or, outside the cluster, from `certs.write`, and then
+  kopf also keeps the ValidatingWebhookConfiguration pointing at this process.
 
 kopf's own bookkeeping goes into `pipelinerl.io/*` annotations (not status), so the status
 schema stays strict. Handlers are bound to a registry by `register(registry, config)` (called by
 `run`), so nothing is read from the environment at import time.
-Neighbours: `render`, `status`, `policy.decide`, `k8s`, `events`, `metrics`, `settings`.
+Neighbours: `render`, `status`, `policy.decide`, `k8s`, `events`, `metrics`, `settings`,
+`admission`, `certs`.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ import asyncio
 import copy
 import datetime
 import logging
+import pathlib
 import secrets
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,12 +41,13 @@ import kopf
 
 from plrl_api import names
 from plrl_api import spec as spec_mod
-from plrl_operator import events, k8s, metrics, phases, render, settings, status
+from plrl_operator import admission, certs, events, k8s, metrics, phases, render, status
+from plrl_operator import settings as settings_mod
 from plrl_operator.policy import decide
 
 LOG = logging.getLogger("plrl_operator")
 GROUP, VERSION, PLURAL = spec_mod.API_GROUP, spec_mod.API_VERSION, spec_mod.PLURAL
-_CONFIG = settings.OperatorConfig()  # replaced by `register`
+_CONFIG = settings_mod.OperatorConfig()  # replaced by `register`
 _CLIENT: k8s.Client | None = None
 _PHASES: dict[tuple[str, str], str] = {}  # (namespace, name) -> phase, for the jobs-by-phase gauge
 
@@ -69,7 +77,31 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.clusterwide = _CONFIG.clusterwide
     if _CONFIG.metrics_port:
         metrics.serve(_CONFIG.metrics_port)
+    if _CONFIG.webhook_port:
+        settings.admission.server = _webhook_server(_CONFIG)
+        if _CONFIG.webhook_host:  # outside the cluster: kopf keeps our webhook configuration current
+            settings.admission.managed = _CONFIG.webhook_configuration
     client()  # fail at startup, not in the first handler, if there are no credentials
+
+
+def _webhook_server(config: settings_mod.OperatorConfig) -> kopf.WebhookServer:
+    """HTTPS for the admission webhook: the chart's certificate files, or a fresh CA and
+    certificate for `webhook_host` (an operator outside the cluster)."""
+    if config.webhook_cert_dir:
+        cert_dir = pathlib.Path(config.webhook_cert_dir)
+    else:
+        assert config.webhook_host is not None  # settings.check
+        cert_dir = certs.write(pathlib.Path(tempfile.mkdtemp(prefix="plrl-webhook-")), [config.webhook_host])
+        LOG.info("admission webhook: generated a certificate for %s in %s", config.webhook_host, cert_dir)
+    ca = cert_dir / certs.CA_FILE
+    return kopf.WebhookServer(
+        addr=config.webhook_addr,
+        port=config.webhook_port,
+        host=config.webhook_host,
+        certfile=cert_dir / certs.CERT_FILE,
+        pkeyfile=cert_dir / certs.KEY_FILE,
+        cafile=ca if ca.exists() else None,
+    )
 
 
 # --------------------------------------------------------------------------- indexes
@@ -348,13 +380,27 @@ async def refresh(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     await _reconcile("timer", body, memo, _children(body, kwargs), force_sync=False)
 
 
+def validate_job(
+    body: kopf.Body, operation: str | None, old: kopf.Body | None, new: kopf.Body | None, **_: Any
+) -> None:
+    """Admission: refuse a create or update that `plrl run` would refuse, with the same lines."""
+
+    def raw(b: kopf.Body | None) -> dict[str, Any] | None:
+        return None if b is None else copy.deepcopy(dict(b))
+
+    problems = admission.review(operation, raw(new) or raw(body), raw(old))
+    metrics.ADMISSION_REVIEWS.labels(operation=operation or "", allowed=str(not problems).lower()).inc()
+    if problems:
+        raise kopf.AdmissionError("\n".join(problems), code=422)
+
+
 def _forget(type: str, body: kopf.Body, **_: Any) -> None:
     if type == "DELETED":
         _PHASES.pop((body.metadata.namespace or "", body.metadata.name or ""), None)
         _update_phase_gauge()
 
 
-def register(registry: kopf.OperatorRegistry, config: settings.OperatorConfig) -> None:
+def register(registry: kopf.OperatorRegistry, config: settings_mod.OperatorConfig) -> None:
     """Bind every handler to `registry`; `config` sets the timer interval and kopf's settings."""
     global _CONFIG
     _CONFIG = config
@@ -379,6 +425,15 @@ def register(registry: kopf.OperatorRegistry, config: settings.OperatorConfig) -
         registry=registry,
     )(refresh)
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(_forget)
+    if config.webhook_port:
+        kopf.on.validate(
+            GROUP,
+            VERSION,
+            PLURAL,
+            id=admission.HANDLER_ID,
+            operations=list(admission.OPERATIONS),
+            registry=registry,
+        )(validate_job)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -392,7 +447,7 @@ def _drop_routine(record: logging.LogRecord) -> bool:
     return not (message.endswith(" succeeded.") or " is processed: " in message)
 
 
-def run(config: settings.OperatorConfig) -> None:
+def run(config: settings_mod.OperatorConfig) -> None:
     """Run the operator until SIGINT/SIGTERM (blocking)."""
     registry = kopf.OperatorRegistry()
     register(registry, config)

@@ -1,7 +1,7 @@
 """Prometheus metrics of the operator, served on their own port (`settings.metrics_port`).
 
 Counters are incremented where the event happens (`k8s.py` for API requests, `handlers.py` for
-reconciles); `jobs by phase` is a gauge recomputed from the handlers' view of every job.
+reconciles and admission reviews); `jobs by phase` is a gauge recomputed from the handlers' view of every job.
 Neighbours: `plrl_operator.k8s`, `plrl_operator.handlers`.
 """
 
@@ -34,6 +34,11 @@ OBJECT_WRITES = prometheus_client.Counter(
 )
 STATUS_WRITES = prometheus_client.Counter(
     "plrl_operator_status_writes_total", "Status patches of PipelineRLJobs (only on change)"
+)
+ADMISSION_REVIEWS = prometheus_client.Counter(
+    "plrl_operator_admission_reviews_total",
+    "PipelineRLJob creates and updates reviewed by the admission webhook, by operation and verdict",
+    ["operation", "allowed"],
 )
 JOBS_BY_PHASE = prometheus_client.Gauge(
     "plrl_operator_jobs", "PipelineRLJobs this operator sees, by phase", ["phase"]

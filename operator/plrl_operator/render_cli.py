@@ -18,14 +18,12 @@ from plrl_operator import jobfile, render
 from plrl_operator.policy import decide
 
 
-class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (the ConfigMap's JSON files) as readable `|` blocks; no YAML aliases."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+class _Dumper(jobfile.Dumper):
+    """Multi-line strings (the ConfigMap's JSON files) as readable `|` blocks; no YAML aliases;
+    strings kubectl would read as numbers or booleans quoted."""
 
 
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+def _str(dumper: jobfile.Dumper, value: str) -> yaml.Node:
     style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 

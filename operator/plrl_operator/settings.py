@@ -34,6 +34,28 @@ class OperatorConfig:
     field_manager: str = "pipelinerl-operator"
     """Server-side apply field manager: the name `kubectl get -o yaml --show-managed-fields` shows."""
 
+    webhook_port: int = 0
+    """Port of the validating admission webhook (HTTPS; the chart uses 9443); 0 serves none."""
+
+    webhook_addr: str = "0.0.0.0"
+    """Address the webhook listens on (127.0.0.1 for an operator outside the cluster)."""
+
+    webhook_cert_dir: str | None = None
+    """Directory holding the webhook's `tls.crt`, `tls.key` and `ca.crt` (the chart mounts its
+    Secret here; files are re-read when they change). Unset: the operator writes a fresh CA and
+    a certificate for `webhook_host` at startup (`certs.write`)."""
+
+    webhook_host: str | None = None
+    """Set for an operator outside the cluster (tests, development): it then manages its own
+    ValidatingWebhookConfiguration (`webhook_configuration`) with the URL https://<host>:<port>,
+    which needs create/patch on validatingwebhookconfigurations. Unset (the chart): the chart's
+    ValidatingWebhookConfiguration points the API server at the operator's Service."""
+
+    @property
+    def webhook_configuration(self) -> str:
+        """Name of the ValidatingWebhookConfiguration the operator manages when `webhook_host` is set."""
+        return f"{self.field_manager}.pipelinerl.io"
+
     @property
     def clusterwide(self) -> bool:
         return not self.namespaces
@@ -55,4 +77,20 @@ def from_env(env: dict[str, str] | None = None) -> OperatorConfig:
         liveness_port=int(e.get("PLRL_LIVENESS_PORT", d.liveness_port)),
         status_interval=float(e.get("PLRL_STATUS_INTERVAL", d.status_interval)),
         field_manager=e.get("PLRL_FIELD_MANAGER", d.field_manager),
+        webhook_port=int(e.get("PLRL_WEBHOOK_PORT", d.webhook_port)),
+        webhook_addr=e.get("PLRL_WEBHOOK_ADDR", d.webhook_addr),
+        webhook_cert_dir=e.get("PLRL_WEBHOOK_CERT_DIR") or None,
+        webhook_host=e.get("PLRL_WEBHOOK_HOST") or None,
     )
+
+
+def check(config: OperatorConfig) -> str | None:
+    """What is wrong with a combination of settings (None: nothing)."""
+    if config.webhook_port and not (config.webhook_cert_dir or config.webhook_host):
+        return (
+            "the webhook needs a certificate: --webhook-cert-dir (the chart's Secret), or "
+            "--webhook-host to have the operator generate one and register the webhook itself"
+        )
+    if (config.webhook_cert_dir or config.webhook_host) and not config.webhook_port:
+        return "--webhook-cert-dir and --webhook-host need --webhook-port"
+    return None

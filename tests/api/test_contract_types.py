@@ -28,7 +28,11 @@ def _job(**spec_fields: object) -> spec.PipelineRLJob:
             "apiVersion": "pipelinerl.io/v1alpha1",
             "kind": "PipelineRLJob",
             "metadata": {"name": "demo"},
-            "spec": {"resources": {"totalGPUs": 8, "gpusPerTrainer": 2}, **spec_fields},
+            "spec": {
+                "model": {"name": "/models/demo"},
+                "resources": {"totalGPUs": 8, "gpusPerTrainer": 2},
+                **spec_fields,
+            },
         }
     )
 

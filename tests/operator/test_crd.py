@@ -3,9 +3,11 @@
 Cases: no drift between `plrl crd` and `crds/` and the chart's `crds/` (run `make crds`); names,
 short names, categories, status subresource and printer columns; every spec field of the pydantic
 model is in the schema with a description; the schema is structural (no refs, unions, titles);
-bounds, enums and defaults carry over; the CEL rules are exactly the ones written in spec.py;
-defaulting an empty spec the way the API server does gives pydantic's defaults; a status the
-operator writes validates against the status schema.
+bounds, enums and defaults carry over; `spec` and `spec.model` are required; quantities are
+int-or-string with the quantity pattern; the CEL rules are exactly the `RULES` written in spec.py
+(each naming a field, messages as in pydantic); defaulting a spec that names only its model the
+way the API server does gives pydantic's defaults; a status the operator writes validates against
+the status schema.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pydantic
 import pytest
 import yaml
 
-from plrl_api import records, spec
+from plrl_api import records, spec, validation
 from plrl_operator import crd, status
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -101,7 +103,11 @@ def test_every_spec_field_is_in_the_schema_with_a_description() -> None:
 def test_schema_is_structural() -> None:
     for path, node in _walk(_root()):
         assert not {"$ref", "anyOf", "oneOf", "allOf", "title", "$defs"} & node.keys(), path
-        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        assert (
+            "type" in node
+            or node.get("x-kubernetes-preserve-unknown-fields")
+            or node.get("x-kubernetes-int-or-string")
+        ), path
         for key in ("exclusiveMinimum", "exclusiveMaximum"):
             assert isinstance(node.get(key, True), bool), f"{path}: {key} must be boolean in OpenAPI v3.0"
         if node.get("type") == "object" and "properties" in node:
@@ -130,8 +136,24 @@ def test_bounds_enums_and_defaults_carry_over() -> None:
     assert "default" not in p[".spec.model.volume"]
     autoscale = spec.AutoscaleSpec().model_dump(mode="json", by_alias=True, exclude_none=True)
     assert p[".spec.pipeline.autoscale"]["default"] == autoscale
-    assert p[".spec"]["default"]["heartbeat"] == {"intervalSeconds": 5.0, "timeoutSeconds": 30.0}
+    assert p[".spec.heartbeat"]["default"] == {"intervalSeconds": 5.0, "timeoutSeconds": 30.0}
     assert "default" not in p[".spec.pipeline.generators"]
+    # A job names its model: no default spec, no default model (a cluster job cannot use builtin:tiny's).
+    assert _root()["required"] == ["spec"] and "default" not in p[".spec"]
+    assert p[".spec"]["required"] == ["model"] and p[".spec.model"]["required"] == ["name"]
+    assert "default" not in p[".spec.model"] and "default" not in p[".spec.model.name"]
+    for seed in (".spec.model.seed", ".spec.task.seed", ".spec.training.seed"):
+        assert (p[seed]["minimum"], p[seed]["maximum"]) == (0, 2**32 - 1), seed
+    assert p[".spec.training.gradientClipping"]["maximum"] == 1e6
+    assert p[".spec.pipeline.generators"]["maximum"] == 65536  # Optional ints keep their bounds
+    for q in (".spec.resources.cpu", ".spec.resources.memory"):
+        assert p[q]["x-kubernetes-int-or-string"] is True and "type" not in p[q]
+        assert (p[q]["pattern"], p[q]["minimum"]) == (validation.QUANTITY_PATTERN, 0)
+    assert ("jsonl", *(f"builtin:{t}" for t in spec.BUILTIN_TASKS)) == spec.TASK_NAMES
+    assert "builtin:reverse" in p[".spec.task.name"]["description"]
+    for path, node in p.items():  # every number is bounded (and so is every string the CEL reads)
+        if path.startswith(".spec") and node.get("type") in ("integer", "number") and "enum" not in node:
+            assert "minimum" in node and "maximum" in node, path
 
 
 def test_cel_rules_are_the_ones_in_spec_py() -> None:
@@ -141,18 +163,42 @@ def test_cel_rules_are_the_ones_in_spec_py() -> None:
         for path, node in p.items()
         if "x-kubernetes-validations" in node
     }
-    assert rules[".spec"] == spec._cross_field_rules()
-    assert set(rules) == {
-        ".spec",
-        ".spec.task",
-        ".spec.task.dataset",
-        ".spec.pipeline",
-        ".spec.pipeline.autoscale",
-        ".spec.heartbeat",
+    models: dict[str, Any] = {
+        ".spec": spec.JobSpec,
+        ".spec.model": spec.ModelSpec,
+        ".spec.task": spec.TaskSpec,
+        ".spec.task.dataset": spec.DatasetSource,
+        ".spec.pipeline": spec.PipelineSpec,
+        ".spec.pipeline.autoscale": spec.AutoscaleSpec,
+        ".spec.heartbeat": spec.HeartbeatSpec,
     }
-    for path, node_rules in rules.items():
-        for r in node_rules:
-            assert r["message"] and r["rule"], path
+    assert set(rules) == set(models)
+    for path, model in models.items():
+        assert rules[path] == [r.crd() for r in model.RULES], path
+        for r in rules[path]:
+            assert r["rule"] and (r.get("message") or r.get("messageExpression")), path
+    # Every cross-field rule of the job names the field to fix, and that field exists.
+    for r in rules[".spec"]:
+        assert f".spec{r['fieldPath']}" in p, r
+
+
+def test_a_rule_message_is_the_same_text_in_cel_and_in_pydantic() -> None:
+    rule = validation.Rule(
+        "training.batchSize",
+        "true",
+        lambda s: False,
+        "training.batchSize={training.batchSize} must divide 100% of generation.samplesPerPrompt="
+        "{generation.samplesPerPrompt}",
+    )
+    assert rule.crd()["messageExpression"] == (
+        '"training.batchSize=%s must divide 100%% of generation.samplesPerPrompt=%s"'
+        ".format([self.training.batchSize, self.generation.samplesPerPrompt])"
+    )
+    job = spec.JobSpec.model_validate({"model": {"name": "m"}, "training": {"batchSize": 64}})
+    assert rule.problem(job) == (
+        "training.batchSize",
+        "training.batchSize=64 must divide 100% of generation.samplesPerPrompt=8",
+    )
 
 
 def _default(schema: dict[str, Any], value: Any) -> Any:
@@ -169,12 +215,13 @@ def _default(schema: dict[str, Any], value: Any) -> Any:
 
 
 def test_server_side_defaults_equal_pydantic_defaults() -> None:
-    defaulted = _default(_root()["properties"]["spec"], {})
+    written = {"model": {"name": "/models/m"}}
+    defaulted = _default(_root()["properties"]["spec"], written)
     # Every scalar default is filled in by the server (empty maps/lists stay absent, same meaning).
-    expected = spec.JobSpec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    expected = spec.JobSpec.model_validate(written).model_dump(mode="json", by_alias=True, exclude_none=True)
     del expected["resources"]["nodeSelector"], expected["resources"]["tolerations"]
     assert defaulted == expected
-    assert spec.JobSpec.model_validate(defaulted) == spec.JobSpec()
+    assert spec.JobSpec.model_validate(defaulted) == spec.JobSpec.model_validate(written)
 
 
 def test_status_written_by_the_operator_validates_against_the_schema() -> None:

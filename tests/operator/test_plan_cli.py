@@ -16,6 +16,7 @@ apiVersion: pipelinerl.io/v1alpha1
 kind: PipelineRLJob
 metadata: {name: demo}
 spec:
+  model: {name: /models/demo}
   resources: {totalGPUs: 64, gpusPerGenerator: 2, gpusPerTrainer: 4}
   generation: {concurrentSequences: 128, maxNewTokens: 2048}
   training: {batchSize: 512}

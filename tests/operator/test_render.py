@@ -41,6 +41,7 @@ def _second() -> spec.PipelineRLJob:
             "kind": "PipelineRLJob",
             "metadata": {"name": "tiny", "namespace": "team-a", "uid": UID},
             "spec": {
+                "model": {"name": "/models/tiny"},
                 "task": {
                     "name": "jsonl",
                     "dataset": {"configMap": {"name": "prompts", "key": "train.jsonl"}},

@@ -24,7 +24,12 @@ T1 = T0 + datetime.timedelta(minutes=5)
 
 
 def _job(**spec_overrides: Any) -> spec.PipelineRLJob:
-    body = {"resources": {"totalGPUs": 4}, "pipeline": {"generators": 2}, **spec_overrides}
+    body = {
+        "model": {"name": "/models/demo"},
+        "resources": {"totalGPUs": 4},
+        "pipeline": {"generators": 2},
+        **spec_overrides,
+    }
     return spec.parse_job(
         {
             "apiVersion": "pipelinerl.io/v1alpha1",

@@ -33,8 +33,6 @@ import sys
 import time
 from collections.abc import Mapping
 
-import yaml
-
 from plrl_api import names, plan, worker_config
 from plrl_api import spec as spec_mod
 from plrl_operator import jobfile
@@ -74,7 +72,7 @@ def prepare_run_dir(job: spec_mod.PipelineRLJob, run_dir: pathlib.Path) -> bool:
             )
         return True
     run_dir.mkdir(parents=True, exist_ok=True)
-    job_file.write_text(yaml.safe_dump(spec_mod.dump_job(job), sort_keys=False))
+    job_file.write_text(jobfile.dump_yaml(spec_mod.dump_job(job)))
     return False
 
 

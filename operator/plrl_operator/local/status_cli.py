@@ -9,6 +9,7 @@ import argparse
 import pathlib
 import sys
 
+from plrl_api import spec
 from plrl_operator import jobfile
 from plrl_operator.local import report
 
@@ -24,7 +25,11 @@ def main(argv: list[str]) -> int:
     if not job_file.exists():
         print(f"plrl status: {args.run_dir} is not a plrl run directory (no job.yaml)", file=sys.stderr)
         return 2
-    job = jobfile.load_job(job_file)
+    try:
+        job = jobfile.load_job(job_file)
+    except spec.JobFileError as err:
+        print(f"plrl status: {err}", file=sys.stderr)
+        return 2
     rows = report.read_records(args.run_dir)
     summary = report.summarize(rows)
     if args.json:

@@ -2,7 +2,9 @@
 running as a local process with the chart's ServiceAccount credentials (never as admin).
 
 - `chart` (session): `helm install` of helm/pipelinerl-operator (cluster-wide watch, peering on,
-  replicaCount 0: the local process stands in for the Deployment's pod).
+  replicaCount 0: the local process stands in for the Deployment's pod; webhook off: the API
+  server here cannot reach a Service, so test_validation.py runs an operator that registers
+  its own webhook instead, and test_chart.py checks the chart's webhook objects).
 - `operator` (module): a `support.Operator` authenticated with a TokenRequest token of the chart's
   ServiceAccount.
 
@@ -25,7 +27,7 @@ def chart(control_plane: controlplane.Cluster) -> Iterator[Chart]:
     helm = tools.bind(binaries.ensure().helm, control_plane.kubeconfig)
     helm(
         "upgrade", "--install", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--create-namespace",
-        "--set", "replicaCount=0", "--wait", "--timeout", "60s",
+        "--set", "replicaCount=0,webhook.enabled=false", "--wait", "--timeout", "60s",
     )  # fmt: skip
     yield Chart(helm=helm, namespace=RELEASE_NS, service_account=SA_NAME)
     helm("uninstall", RELEASE, "--namespace", RELEASE_NS, "--wait", "--timeout", "60s", check=False)

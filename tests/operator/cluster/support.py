@@ -157,6 +157,7 @@ class Operator:
 def small_job(name: str, **spec: Any) -> dict[str, Any]:
     """A valid job with N=4 (2 generator pods of 1 GPU, 1 trainer pod of 2 GPUs) on the fake nodes."""
     base: dict[str, Any] = {
+        "model": {"name": "/models/tiny"},
         "resources": {
             "totalGPUs": 4,
             "gpusPerGenerator": 1,

@@ -1,20 +1,28 @@
 """The Helm chart: lint, template in both watch modes, and install into the control plane.
 
-Cases: `helm lint` passes for the default and the namespaced values; `helm template` renders the
-operator Deployment (non-root, read-only root, probes, the right flags), the metrics Service,
-least-privilege RBAC (no `delete` anywhere; Roles only in the listed namespaces when namespaced)
-and the peering objects; after `helm install` the CRD is served (`kubectl explain` shows the
-descriptions from spec.py) and the chart's ServiceAccount may do what the operator needs and no
-more.
+Cases: `helm lint` passes for the default, the namespaced and the minimal values; `helm template`
+renders the operator Deployment (non-root, read-only root, probes, the right flags), the metrics
+Service, least-privilege RBAC (no `delete` anywhere; Roles only in the listed namespaces when
+namespaced; nothing on webhook configurations) and the peering objects; the admission webhook is
+wired (a CA and a serving certificate for the webhook Service in a TLS Secret, mounted where the
+operator's flags read it; the Service; a ValidatingWebhookConfiguration that fails closed, with a
+short timeout, for PipelineRLJob creates and updates only, trusting that CA; scoped to the watched
+namespaces) and absent with `webhook.enabled=false`; after `helm install` the CRD is served
+(`kubectl explain` shows the descriptions from spec.py) and the chart's ServiceAccount may do what
+the operator needs and no more.
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
+from plrl_operator import admission
 from tests.infra import tools
 from tests.operator.cluster import support
 
@@ -33,7 +41,10 @@ def _kinds(docs: list[dict[str, Any]]) -> dict[tuple[str, str | None], dict[str,
     return {(d["kind"], d["metadata"].get("namespace")): d for d in docs}
 
 
-@pytest.mark.parametrize("values", [(), NAMESPACED, ("--set", "peering.enabled=false,metrics.enabled=false")])
+MINIMAL = ("--set", "peering.enabled=false,metrics.enabled=false,webhook.enabled=false")
+
+
+@pytest.mark.parametrize("values", [(), NAMESPACED, MINIMAL])
 def test_helm_lint(helm: tools.Tool, values: tuple[str, ...]) -> None:
     out = helm("lint", "--strict", str(support.CHART), *values)
     assert "0 chart(s) failed" in out.stdout
@@ -43,8 +54,11 @@ def test_template_cluster_wide(helm: tools.Tool) -> None:
     docs = _template(helm)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "Deployment", "Service"]
-    )
+        [
+            "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "Deployment",
+            "Service", "Service", "Secret", "ValidatingWebhookConfiguration",
+        ]
+    )  # fmt: skip
     deploy = next(d for d in docs if d["kind"] == "Deployment")
     pod = deploy["spec"]["template"]["spec"]
     c = pod["containers"][0]
@@ -54,7 +68,7 @@ def test_template_cluster_wide(helm: tools.Tool) -> None:
     assert c["args"][:2] == ["--all-namespaces", "--peering=pipelinerl-operator"]
     assert {"livenessProbe", "readinessProbe", "startupProbe"} <= c.keys()
     assert c["image"] == "ghcr.io/pipelinerl/plrl-operator:0.1.0"
-    svc = next(d for d in docs if d["kind"] == "Service")
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-metrics"))
     assert svc["spec"]["ports"][0]["port"] == 9090
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     verbs = {v for rule in role["rules"] for v in rule["verbs"]}
@@ -67,6 +81,72 @@ def test_template_cluster_wide(helm: tools.Tool) -> None:
         "leases",
         "clusterkopfpeerings",
     } <= resources
+    groups = {g for rule in role["rules"] for g in rule["apiGroups"]}
+    assert "admissionregistration.k8s.io" not in groups, "the chart installs the webhook configuration"
+
+
+def test_template_wires_the_admission_webhook(helm: tools.Tool) -> None:
+    docs = _template(helm)
+    secret = next(d for d in docs if d["kind"] == "Secret")
+    vwc = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-webhook"))
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    # The certificate: signed by the CA the API server is told to trust, for the Service's names.
+    assert secret["type"] == "kubernetes.io/tls"
+    pem = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    ca, cert = x509.load_pem_x509_certificate(pem["ca.crt"]), x509.load_pem_x509_certificate(pem["tls.crt"])
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = f"{svc['metadata']['name']}.plrl-system.svc"
+    assert dns in names.get_values_for_type(x509.DNSName)
+    assert serialization.load_pem_private_key(pem["tls.key"], None).public_key() == cert.public_key()
+    # The configuration: fail closed, quickly, for PipelineRLJob creates and updates only.
+    (hook,) = vwc["webhooks"]
+    assert (hook["failurePolicy"], hook["sideEffects"], hook["timeoutSeconds"]) == ("Fail", "None", 5)
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["pipelinerl.io"],
+            "apiVersions": ["v1alpha1"],
+            "resources": ["pipelinerljobs"],
+            "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == pem["ca.crt"]
+    assert hook["clientConfig"]["service"] == {
+        "name": svc["metadata"]["name"],
+        "namespace": "plrl-system",
+        "port": 443,
+        "path": f"/{admission.HANDLER_ID}",
+    }
+    assert "namespaceSelector" not in hook  # cluster-wide watch: every namespace
+    assert svc["spec"]["ports"] == [
+        {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    # The operator: serves it on the port the Service targets, from the Secret's files.
+    pod = deploy["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert {"--webhook-port=9443", "--webhook-cert-dir=/etc/plrl/webhook"} <= set(c["args"])
+    assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in c["ports"]
+    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/etc/plrl/webhook")
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert mount["readOnly"] is True and volume["secret"]["secretName"] == secret["metadata"]["name"]
+    # Namespaced: only the watched namespaces' jobs are sent to this operator.
+    namespaced = next(
+        d for d in _template(helm, *NAMESPACED) if d["kind"] == "ValidatingWebhookConfiguration"
+    )
+    assert namespaced["webhooks"][0]["namespaceSelector"] == {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+        ]
+    }
+    # Off: none of it.
+    off = _template(helm, "--set", "webhook.enabled=false")
+    assert not {"Secret", "ValidatingWebhookConfiguration"} & {d["kind"] for d in off}
+    args = next(d for d in off if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert not [a for a in args if a.startswith("--webhook")]
 
 
 def test_template_namespaced(helm: tools.Tool) -> None:
@@ -100,3 +180,4 @@ def test_installed_crd_and_service_account_permissions(chart: support.Chart, kub
     assert can("delete", "pipelinerljobs.pipelinerl.io") == "no"
     assert can("get", "secrets") == "no"
     assert can("create", "pods") == "no"
+    assert can("create", "validatingwebhookconfigurations.admissionregistration.k8s.io") == "no"

@@ -166,6 +166,7 @@ def test_policy_from_job_spec() -> None:
         {
             **doc,
             "spec": {
+                "model": {"name": "/models/demo"},
                 "resources": {"totalGPUs": 32},
                 "pipeline": {"autoscale": {"stepDown": 3, "maxGenerators": 20}},
             },

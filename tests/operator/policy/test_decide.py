@@ -19,10 +19,13 @@ import pytest
 from plrl_api import names, spec
 from plrl_operator.policy import decide
 
+MODEL = {"model": {"name": "/models/demo"}}
+
 
 def _spec(max_restarts: int = 3, **pipeline: object) -> spec.JobSpec:
     return spec.JobSpec.model_validate(
         {
+            "model": {"name": "/models/demo"},
             "resources": {"totalGPUs": 4},
             "pipeline": {"generators": 2, **pipeline},
             "failurePolicy": {"maxRestarts": max_restarts},
@@ -110,9 +113,9 @@ def test_a_clean_exit_is_not_a_failure() -> None:
 
 
 def test_generators_in_effect_are_kept_while_they_tile() -> None:
-    free = spec.JobSpec.model_validate({"resources": {"totalGPUs": 16, "gpusPerTrainer": 2}})
+    free = spec.JobSpec.model_validate({**MODEL, "resources": {"totalGPUs": 16, "gpusPerTrainer": 2}})
     assert decide.current_generators(free, 4) == 4
     assert decide.current_generators(free, 5) == 4  # 11 trainer GPUs do not fill 2-GPU pods: planner
     assert decide.current_generators(_spec(), 1) == 2  # the spec's I wins
-    conventional = spec.JobSpec.model_validate({"pipeline": {"mode": "conventional"}})
+    conventional = spec.JobSpec.model_validate({**MODEL, "pipeline": {"mode": "conventional"}})
     assert decide.current_generators(conventional, 3) == 0

@@ -132,7 +132,7 @@ def test_plans_never_break_pods_or_lag(
 
 def _job(**spec_overrides: object) -> spec.JobSpec:
     doc = {"apiVersion": "pipelinerl.io/v1alpha1", "kind": "PipelineRLJob", "metadata": {"name": "j"}}
-    return spec.parse_job({**doc, "spec": spec_overrides}).spec
+    return spec.parse_job({**doc, "spec": {"model": {"name": "/models/demo"}, **spec_overrides}}).spec
 
 
 def test_initial_generators_seed_rule_without_curve() -> None:

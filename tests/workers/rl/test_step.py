@@ -63,6 +63,7 @@ def test_an_all_dropped_batch_is_empty_and_refused() -> None:
 def test_configs_are_read_from_the_job_spec() -> None:
     job = spec.JobSpec.model_validate(
         {
+            "model": {"name": "builtin:tiny"},
             "generation": {"temperature": 0.7, "maxNewTokens": 64, "samplesPerPrompt": 4},
             "training": {
                 "backend": "torch",
