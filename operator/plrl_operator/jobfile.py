@@ -18,8 +18,10 @@ would be refused, naming the same field:
 
 from __future__ import annotations
 
+import copy
 import pathlib
 import re
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import yaml
@@ -296,10 +298,40 @@ def read_bytes(path: pathlib.Path) -> bytes:
         raise spec_mod.JobFileError(f"{path}: cannot read: {err.strerror or err}") from None
 
 
-def load_job(path: str | pathlib.Path) -> spec_mod.PipelineRLJob:
-    """Read and validate a job file (the same YAML a user would `kubectl apply`)."""
+def apply_overrides(doc: Any, overrides: Sequence[str]) -> Any:
+    """`doc` with each `path.to.field=value` set (camelCase keys as in the file, e.g.
+    `spec.training.batchSize=64`); values are read as YAML scalars, as they would be in the file.
+
+    Intermediate mappings are created as needed; the result is validated like the file itself.
+    """
+    if not overrides:
+        return doc
+    out = copy.deepcopy(doc)
+    for item in overrides:
+        where = f"--set {item}"
+        key, sep, raw = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise spec_mod.JobFileError(
+                f"{where}: expected path.to.field=value, e.g. spec.training.totalSteps=50"
+            )
+        if not isinstance(out, dict):
+            raise spec_mod.JobFileError(f"{where}: the job file is not a mapping")
+        node: Any = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise spec_mod.JobFileError(f"{where}: {'.'.join(parts[: i + 1])} is not a mapping")
+            node = child
+        node[parts[-1]] = parse_yaml(raw.encode(), where) if raw.strip() else ""
+    return out
+
+
+def load_job(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> spec_mod.PipelineRLJob:
+    """Read and validate a job file (the same YAML a user would `kubectl apply`), with `overrides`
+    (`--set path=value`) applied before validation."""
     p = pathlib.Path(path)
-    doc = parse_yaml(read_bytes(p), str(p))
+    doc = apply_overrides(parse_yaml(read_bytes(p), str(p)), overrides)
     try:
         return spec_mod.parse_job(doc)
     except spec_mod.JobFileError as err:

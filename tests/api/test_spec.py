@@ -439,3 +439,23 @@ def test_dumped_yaml_reads_back_unchanged() -> None:
     assert jobfile.parse_yaml(text.encode(), "t.yaml") == doc
     job = spec.parse_job(_job(resources={"cpu": "1e3", "memory": "1e9"}))
     assert spec.parse_job(jobfile.parse_yaml(jobfile.dump_yaml(spec.dump_job(job)).encode(), "j")) == job
+
+
+def test_overrides_are_validated_like_the_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "apiVersion: pipelinerl.io/v1alpha1\nkind: PipelineRLJob\nmetadata: {name: j}\n"
+        "spec:\n  model: {name: 'builtin:tiny'}\n  generation: {samplesPerPrompt: 4}\n"
+    )
+    job = jobfile.load_job(path, ["spec.training.batchSize=64", "spec.training.totalSteps=7"])
+    assert (job.spec.training.batch_size, job.spec.training.total_steps) == (64, 7)
+    job = jobfile.load_job(path, ["spec.pipeline.autoscale.enabled=true"])  # creates the groups
+    assert job.spec.pipeline.autoscale.enabled
+    with pytest.raises(spec.JobFileError, match=r"training\.batchSize=10 must be a multiple"):
+        jobfile.load_job(path, ["spec.training.batchSize=10"])
+    with pytest.raises(spec.JobFileError, match=r"--set spec\.training: expected path\.to\.field=value"):
+        jobfile.load_job(path, ["spec.training"])
+    with pytest.raises(
+        spec.JobFileError, match=r"--set spec\.model\.name\.x=1: spec\.model\.name is not a mapping"
+    ):
+        jobfile.load_job(path, ["spec.model.name.x=1"])

@@ -31,7 +31,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from plrl_api import names, plan, worker_config
 from plrl_api import spec as spec_mod
@@ -323,8 +323,10 @@ class PeakMemory:
         self.peak_bytes = max(self.peak_bytes, total)
 
 
-def run(job_path: pathlib.Path, run_dir: pathlib.Path, quiet: bool = False) -> int:
-    job = jobfile.load_job(job_path)  # raises before anything starts
+def run(
+    job_path: pathlib.Path, run_dir: pathlib.Path, quiet: bool = False, overrides: Sequence[str] = ()
+) -> int:
+    job = jobfile.load_job(job_path, overrides)  # raises before anything starts
     job_dir = job_path.parent.resolve()
     pod_plan = plan.PodPlan.of(job.spec, decide.current_generators(job.spec, None))
     paths = local_paths(job, run_dir, job_dir)
@@ -392,12 +394,24 @@ def main(argv: list[str]) -> int:
     ap.add_argument("job", type=pathlib.Path, help="the job YAML (kind PipelineRLJob)")
     ap.add_argument("--run-dir", type=pathlib.Path, help="where to write the run (default: runs/<job name>)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    ap.add_argument(
+        "--steps", type=int, metavar="N", help="train N optimizer steps (sets spec.training.totalSteps)"
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a field of the job file, validated like the file: e.g. "
+        "--set spec.training.batchSize=64 (repeatable; a resumed run must be given the same overrides)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    overrides = [*args.set, *([f"spec.training.totalSteps={args.steps}"] if args.steps is not None else [])]
     try:
-        job_name = jobfile.load_job(args.job).metadata.name
+        job_name = jobfile.load_job(args.job, overrides).metadata.name
         run_dir = (args.run_dir or pathlib.Path("runs") / job_name).resolve()
-        return run(args.job, run_dir, args.quiet)
+        return run(args.job, run_dir, args.quiet, overrides)
     except (spec_mod.JobFileError, RunError) as err:
         print(f"plrl run: {err}", file=sys.stderr)
         return 2 if isinstance(err, spec_mod.JobFileError) else 1

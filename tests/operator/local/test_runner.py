@@ -31,6 +31,11 @@ def test_an_invalid_job_fails_before_any_process_starts(
     assert r.returncode == 2
     assert "training.batchSize=10 must be a multiple of generation.samplesPerPrompt=4" in r.stderr
     assert not run_dir.exists()
+    # An override is validated like the file: the same refusal, before anything starts.
+    good = write_job(tmp_path / "good.yaml")
+    r = plrl("run", str(good), "--run-dir", str(run_dir), "--set", "spec.training.batchSize=10", timeout=120)
+    assert r.returncode == 2 and "training.batchSize=10 must be a multiple" in r.stderr
+    assert not run_dir.exists()
 
 
 def test_a_reward_that_cannot_be_imported_fails_before_any_process_starts(
@@ -95,8 +100,8 @@ def test_batches_entirely_older_than_max_lag_are_skipped_and_reported(
 
 
 def test_conventional_run_alternates_with_no_lag(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
-    job = write_job(tmp_path / "job.yaml", pipeline={"mode": "conventional"}, training={"totalSteps": 3})
-    r = plrl("run", str(job), "--run-dir", str(run_dir))
+    job = write_job(tmp_path / "job.yaml", pipeline={"mode": "conventional"})
+    r = plrl("run", str(job), "--run-dir", str(run_dir), "--steps", "3")  # the command line shortens it
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((run_dir / report.SUMMARY_FILE).read_text())
     assert summary["steps"] == 3
