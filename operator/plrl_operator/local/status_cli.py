@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
         print(f"plrl status: {err}", file=sys.stderr)
         return 2
     rows = report.read_records(args.run_dir)
-    summary = report.summarize(rows)
+    summary = report.summarize(rows, total_steps=job.spec.training.total_steps)
     if args.json:
         print(summary.model_dump_json(indent=2))
         return 0
