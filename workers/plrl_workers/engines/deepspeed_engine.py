@@ -66,6 +66,11 @@ class DeepSpeedEngine:
         deepspeed = _prepare_deepspeed_import()
         self._cfg = cfg
         self._device = training.device(cfg.local_rank)
+        # DeepSpeed reads the rank layout from the environment its own launcher would set; our ranks
+        # joined the process group themselves (`training.init_distributed`), so say it as the group does.
+        os.environ["LOCAL_RANK"] = str(cfg.local_rank)
+        os.environ["RANK"] = str(dist.get_rank())
+        os.environ["WORLD_SIZE"] = str(dist.get_world_size())
         deepspeed.init_distributed(dist_backend=dist.get_backend())
         self._rank = dist.get_rank()
         self._world = dist.get_world_size()
