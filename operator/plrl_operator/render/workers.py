@@ -143,6 +143,10 @@ def statefulset(
         "resources": common.resources(s, gpus),
         "volumeMounts": mounts,
         "securityContext": {"allowPrivilegeEscalation": False},
+        # A worker that fails before writing a termination message (a bad config, a missing model)
+        # still says why: the kubelet takes its last log lines, and the job's Failed condition and
+        # WorkerRestarted events quote them.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": s.resources.service_account_name or child.worker,
