@@ -341,17 +341,29 @@ def kubeconfig(server: str, pki: pathlib.Path, user: str) -> dict[str, object]:
     }
 
 
+def _ours(pid: int, work_dir: str) -> bool:
+    """The process still names work_dir on its command line or in its environment (the operator of
+    `make cluster-up` finds its kubeconfig there), so a reused pid is never hit."""
+    if procs.cmdline_mentions(pid, work_dir):
+        return True
+    try:
+        return work_dir.encode() in pathlib.Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
 def stop_recorded(work_dir: pathlib.Path) -> list[str]:
-    """Stops a detached control plane from its state file (`make cluster-down`); returns what it stopped.
-    A pid is signalled only while its command line still names work_dir, so a reused pid is never hit."""
+    """Stops a detached control plane from its state file (`make cluster-down`), newest process first;
+    returns what it stopped."""
     state_path = work_dir.resolve() / STATE_FILE
     if not state_path.exists():
         return []
     pids: dict[str, int] = json.loads(state_path.read_text())["pids"]
     stopped = []
+    where = str(work_dir.resolve())
     for name, pid in reversed(list(pids.items())):
-        if procs.cmdline_mentions(pid, str(work_dir.resolve())):
-            procs.terminate(pid, functools.partial(procs.gone, pid, str(work_dir.resolve())))
+        if _ours(pid, where):
+            procs.terminate(pid, functools.partial(lambda p: not _ours(p, where), pid))
             stopped.append(name)
     state_path.unlink()
     return stopped

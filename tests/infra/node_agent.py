@@ -193,7 +193,7 @@ def pod_status(pod: Pod, state: PodState, host_ip: str, now: str) -> dict[str, A
         "podIPs": [{"ip": state.pod_ip}] if state.pod_ip else None,
         "startTime": old.get("startTime") or now,
         "conditions": [
-            cond("PodReadyToStartContainers", True),
+            cond("PodReadyToStartContainers", bool(state.pod_ip)),  # the sandbox has its network
             cond("Initialized", all(c.state == "terminated" for c in state.init_containers)),
             cond("ContainersReady", ready),
             cond("Ready", ready),

@@ -351,13 +351,9 @@ class PodWorker:
                 self.volumes = pod_fs.plan_volumes(self.pod, self.dir, self.runner.lookups, facts)
                 break
             except (pod_fs.VolumeError, pod_env.EnvError) as err:
-                if str(err) != reported:
+                if str(err) != reported:  # as a kubelet: an event, and the pod stays ContainerCreating
                     reported = str(err)
                     self._event(None, "Warning", "FailedMount", f"MountVolume.SetUp failed: {err}")
-                    with self.lock:
-                        for r in [*self.inits, *self.containers]:
-                            r.message = str(err)
-                    self._changed()
             except exceptions.ApiException as err:
                 log.warning("pod %s/%s: %s %s", self.ns, self.name, err.status, err.reason)
             time.sleep(RETRY_S)

@@ -7,9 +7,11 @@ server at $KUBERNETES_SERVICE_HOST authenticates as the pod's ServiceAccount) an
 its output; two pods reach each other by their pod DNS names, and a readiness probe holds Ready off
 until the server listens; a crash-looping container is restarted with back-off (restartCount, exit code
 and log lines in lastState, CrashLoopBackOff, `kubectl logs --previous`), a command that does not exist
-is a StartError, restartPolicy Never ends Failed or Succeeded; deleting a pod whose process ignores
-SIGTERM and leaves children and a daemon behind stops the whole tree within the grace period; killing
-the node agent itself leaves no container process behind and the next agent removes its bridge.
+is a StartError, restartPolicy Never ends Failed or Succeeded; a pod whose claim is not there yet waits
+(ContainerCreating, a FailedMount event) and then writes through it (subPath); deleting a pod whose
+process ignores SIGTERM and leaves children and a daemon behind stops the whole tree within the grace
+period; killing the node agent itself leaves no container process behind and the next agent removes
+its bridge.
 """
 
 from __future__ import annotations
@@ -305,6 +307,66 @@ def test_crash_loops_restart_with_back_off(kubectl: tools.Tool, namespace: str, 
     eventually(
         lambda: _get(kubectl, namespace, "once")["status"]["phase"] == "Succeeded", 30, "once Succeeded"
     )
+
+
+def test_a_pod_waits_for_its_claim_then_writes_through_it(
+    kubectl: tools.Tool, namespace: str, node: str, tmp_path: pathlib.Path
+) -> None:
+    pod = _pod(
+        "writer",
+        node,
+        {
+            "name": "main",
+            "command": ["sh", "-c", "echo from-the-pod > /data/file"],
+            "volumeMounts": [{"name": "data", "mountPath": "/data", "subPath": "run1"}],
+        },
+        volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "later"}}],
+        restartPolicy="Never",
+    )
+    _apply(kubectl, namespace, _scripts(namespace), pod)
+
+    def failed_mount() -> str:
+        out = kubectl("get", "events", "-n", namespace, "--field-selector", "reason=FailedMount").stdout
+        return out if 'persistentvolumeclaim "later" not found' in out else ""
+
+    eventually(failed_mount, 30, "a FailedMount event")
+    waiting = _container(_get(kubectl, namespace, "writer"))["state"]["waiting"]
+    assert waiting["reason"] == "ContainerCreating"
+    pv = f"{namespace}-later"
+    _apply(
+        kubectl,
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "hostPath": {"path": str(tmp_path / "pv")},
+                "claimRef": {"namespace": namespace, "name": "later"},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "later"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+                "storageClassName": "",
+                "volumeName": pv,
+            },
+        },
+    )
+    try:
+        eventually(
+            lambda: _get(kubectl, namespace, "writer")["status"]["phase"] == "Succeeded", 60, "writer done"
+        )
+        assert (tmp_path / "pv" / "run1" / "file").read_text() == "from-the-pod\n"
+    finally:
+        kubectl("delete", "pv", pv, "--wait=false", check=False)
 
 
 def test_deletion_stops_the_whole_process_tree_within_the_grace_period(

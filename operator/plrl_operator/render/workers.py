@@ -153,7 +153,8 @@ def statefulset(
         "affinity": common.gpu_affinity(s),
         "containers": [container],
         "volumes": volumes,
-        # Workers checkpoint and hand back prompt leases on SIGTERM; give them time.
+        # On SIGTERM workers stop between optimizer steps and decode steps (a trainer resumes from its
+        # latest checkpoint; a generator's leases go back to the queue); give them time to get there.
         "terminationGracePeriodSeconds": 60,
     }
     if s.resources.node_selector:
