@@ -542,6 +542,8 @@ class PodWorker:
 
     def _exited(self, r: Run, code: int, now: float, final: bool = False) -> None:
         """Record a run's end; `final`: the pod is going, nothing restarts."""
+        if code < 0:  # the shim itself was killed (SIGKILL after the grace period): 128 + signal
+            code = 128 - code
         cdir = self.dir / "containers" / r.name
 
         def text(p: pathlib.Path) -> str:

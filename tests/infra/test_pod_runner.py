@@ -5,7 +5,8 @@ a Secret and a ConfigMap, the ConfigMap volume at its mountPath, a memory emptyD
 container, its own hostname and a non-loopback pod IP, PID 1, the ServiceAccount token that the API
 server at $KUBERNETES_SERVICE_HOST authenticates as the pod's ServiceAccount) and `kubectl logs` shows
 its output; two pods reach each other by their pod DNS names, and a readiness probe holds Ready off
-until the server listens; a crash-looping container is restarted with back-off (restartCount, exit code
+until the server listens; an exec readiness probe runs inside the container, a failing liveness probe
+restarts it; a crash-looping container is restarted with back-off (restartCount, exit code
 and log lines in lastState, CrashLoopBackOff, `kubectl logs --previous`), a command that does not exist
 is a StartError, restartPolicy Never ends Failed or Succeeded; a pod whose claim is not there yet waits
 (ContainerCreating, a FailedMount event) and then writes through it (subPath); deleting a pod whose
@@ -259,6 +260,42 @@ def test_peers_reach_each_other_by_pod_dns_names(kubectl: tools.Tool, namespace:
         "client done",
     )
     assert kubectl("logs", "client", "-n", namespace).stdout.strip() == "hello from /from-client"
+
+
+def test_exec_readiness_and_a_failing_liveness_probe(kubectl: tools.Tool, namespace: str, node: str) -> None:
+    ready_later = _pod(
+        "ready-later",
+        node,
+        {
+            "name": "main",
+            "command": ["sh", "-c", "sleep 1; touch /tmp/ready; exec sleep 3600"],
+            "readinessProbe": {"exec": {"command": ["test", "-f", "/tmp/ready"]}, "periodSeconds": 1},
+        },
+    )
+    unhealthy = _pod(
+        "unhealthy",
+        node,
+        {
+            "name": "main",
+            "command": ["sleep", "3600"],
+            "livenessProbe": {"tcpSocket": {"port": 9999}, "periodSeconds": 1, "failureThreshold": 2},
+        },
+        terminationGracePeriodSeconds=1,
+    )
+    _apply(kubectl, namespace, _scripts(namespace), ready_later, unhealthy)
+    eventually(
+        lambda: _container(_get(kubectl, namespace, "ready-later")).get("ready"), 30, "Ready (exec probe)"
+    )
+    c = eventually(
+        lambda: (c := _container(_get(kubectl, namespace, "unhealthy"))).get("restartCount", 0) >= 1 and c,
+        30,
+        "a restart after the liveness probe failed",
+    )
+    assert c["lastState"]["terminated"]["exitCode"] == 137  # sleep as PID 1 ignores SIGTERM: killed
+    events = kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=unhealthy"
+    ).stdout
+    assert "Unhealthy" in events
 
 
 def test_crash_loops_restart_with_back_off(kubectl: tools.Tool, namespace: str, node: str) -> None:
