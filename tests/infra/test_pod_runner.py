@@ -147,6 +147,11 @@ def _marked(marker: str) -> list[str]:
 
 @pytest.fixture
 def node(gpu_nodes: Callable[..., nodes.Pool]) -> str:
+    from tests.infra import pod_net
+
+    why = pod_net.available()
+    if why is not None:
+        pytest.skip(f"pods cannot run on this machine: {why}")
     return gpu_nodes(1, runner="process").nodes[0]
 
 
@@ -431,6 +436,8 @@ def test_killing_the_node_agent_leaves_nothing_running(tmp_path: pathlib.Path) -
 
     from tests.infra import kube, pod_net
 
+    if pod_net.available() is not None:
+        pytest.skip(f"pods cannot run on this machine: {pod_net.available()}")
     marker = f"plrl-orphan-{uuid.uuid4().hex[:8]}"
     with controlplane.ControlPlane(tmp_path / "cp").start() as cp:
         kubectl = tools.bind(binaries.kubectl(), cp.kubeconfig)

@@ -78,6 +78,11 @@ def tiny(
     """tiny(**spec) -> e2e.Tiny: examples/cluster-tiny.yaml with `spec` merged in, pinned to a fresh
     node whose pods really run, with the example's claims bound to `demo_models` and to a fresh
     checkpoint directory (`.checkpoints`). Not applied yet: call `.apply()`."""
+    from tests.infra import pod_net
+
+    why = pod_net.available()
+    if why is not None:  # CI runs as root; a developer's unprivileged machine gets told why
+        pytest.skip(f"pods cannot run on this machine: {why}")
     pool = gpu_nodes(1, runner="process")
     checkpoints = tmp_path / "checkpoints"
     kubectl("apply", "-f", "-", input=demo.dump_all(demo.volumes(namespace, demo_models, checkpoints)))
