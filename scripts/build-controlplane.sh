@@ -6,8 +6,12 @@
 #   scripts/build-controlplane.sh plrl-k8s   build/print only plrl-k8s
 #   scripts/build-controlplane.sh helm       build/print only helm
 #
-# plrl-k8s lands in ~/.cache/plrl/controlplane-<k8s version>-<hash of go.mod, go.sum, *.go, flags>/bin,
-# helm in ~/.cache/plrl/helm-<version>/bin. A cached binary is reused (the check takes milliseconds).
+# plrl-k8s lands in ~/.cache/plrl/controlplane-<k8s version>-<key>/bin, helm in ~/.cache/plrl/helm-<version>/bin.
+# The key hashes the build's inputs only: go.mod, go.sum, *.go, the Go toolchain's version and the flags
+# that change the binary (never the parallelism, and nothing from the environment such as nproc's
+# OMP_NUM_THREADS), so every caller (make, this script by hand, tests.infra.cluster) finds the same
+# binary. A cached binary is reused (the check takes milliseconds). Go builds with every core it may use
+# (its default -p is GOMAXPROCS, which follows the CPU affinity and cgroup quota, not OMP_NUM_THREADS).
 # The cold build compiles a few thousand packages: helm is built inside the same module, so the
 # client-go/apimachinery packages it shares with Kubernetes compile once; no cgo, no DWARF, trimmed paths.
 # Progress goes to stderr; only paths go to stdout. Concurrent callers wait on a lock.
@@ -25,7 +29,7 @@ helm_version="$(awk '$1 == "helm.sh/helm/v3" {print $2; exit}' "$MOD/go.mod")"
 # The official Go tarball's place, for shells whose PATH lacks it.
 [[ -x /usr/local/go/bin/go ]] && PATH="$PATH:/usr/local/go/bin"
 export CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
-BUILD=(go build -trimpath -p "$(nproc)")
+BUILD=(go build -trimpath)
 # Version stamps the apiserver reports (kubectl version, helm's .Capabilities.KubeVersion).
 minor="$(cut -d. -f2 <<<"$k8s_version")"
 X=""
@@ -35,7 +39,9 @@ done
 K8S_LDFLAGS="-s -w$X"
 HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
 
-hash="$(cd "$MOD" && { cat go.mod go.sum ./*.go; echo "$K8S_LDFLAGS ${BUILD[*]}"; } | sha256sum | cut -c1-12)"
+command -v go >/dev/null || { echo "build-controlplane: needs the Go toolchain (go 1.26+) on PATH" >&2; exit 1; }
+go_version="$(go env GOVERSION)"
+hash="$(cd "$MOD" && { cat go.mod go.sum ./*.go; echo "$go_version $CGO_ENABLED $GOFLAGS $K8S_LDFLAGS ${BUILD[*]}"; } | sha256sum | cut -c1-12)"
 k8s_bin="$CACHE/controlplane-$k8s_version-$hash/bin/plrl-k8s"
 helm_bin="$CACHE/helm-$helm_version/bin/helm"
 
@@ -45,7 +51,7 @@ build() {
   local out="$1" pkg="$2" ldflags="$3" start=$SECONDS
   [[ -x "$out" ]] && return 0
   mkdir -p "$(dirname "$out")"
-  echo "build-controlplane: building $pkg -> $out (cold: many minutes on 2 cores)" >&2
+  echo "build-controlplane: building $pkg -> $out with $go_version (cold: ~20 CPU-minutes)" >&2
   (cd "$MOD" && "${BUILD[@]}" -ldflags "$ldflags" -o "$out.tmp.$$" "$pkg")
   mv -f "$out.tmp.$$" "$out"
   echo "build-controlplane: built $(basename "$out") in $((SECONDS - start)) s" >&2
@@ -53,7 +59,6 @@ build() {
 
 need() { [[ "$what" == all || "$what" == "$1" ]]; }
 if { need plrl-k8s && [[ ! -x "$k8s_bin" ]]; } || { need helm && [[ ! -x "$helm_bin" ]]; }; then
-  command -v go >/dev/null || { echo "build-controlplane: needs the Go toolchain (go 1.26+) on PATH" >&2; exit 1; }
   mkdir -p "$CACHE"
   exec 9>"$CACHE/.build-controlplane.lock"
   flock 9

@@ -63,10 +63,15 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlp
     if reuse:
         path = pathlib.Path(reuse)
         server = yaml.safe_load(path.read_text())["clusters"][0]["cluster"]["server"]
-        yield controlplane.Cluster(kubeconfig=path, server=server, logs=None)
+        state = path.parent / "node-agent"  # `make cluster-up` keeps the layout of ControlPlane's work dir
+        yield controlplane.Cluster(
+            kubeconfig=path, server=server, logs=None, node_state=state if state.is_dir() else None
+        )
         return
     with controlplane.ControlPlane(tmp_path_factory.mktemp("controlplane")).start() as cp:
-        yield controlplane.Cluster(kubeconfig=cp.kubeconfig, server=cp.server, logs=cp.logs)
+        yield controlplane.Cluster(
+            kubeconfig=cp.kubeconfig, server=cp.server, logs=cp.logs, node_state=cp.node_state
+        )
 
 
 @pytest.fixture

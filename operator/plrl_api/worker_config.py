@@ -71,7 +71,8 @@ class Paths(_Model):
     """The JSONL prompts of a `jsonl` task (a path in the pod, or the job file's path resolved by
     `plrl run`); None for builtin tasks."""
     run_dir: str | None = None
-    """`plrl run` only: the run directory, where trainer rank 0 appends `metrics.jsonl`."""
+    """Where trainer rank 0 appends `metrics.jsonl`: `plrl run`'s run directory; in a cluster the
+    checkpoint directory (on the checkpoint volume, so the records outlive the pods)."""
 
 
 class WorkerConfig(_Model):

@@ -5,8 +5,10 @@
 `policy.decide`) into the status object; `handlers` writes it only when `changed()` says so, so an
 unchanged job costs no write. Conditions keep their `lastTransitionTime` until their status flips.
 Progress fields (step, lag, reward, throughput) come from trainer rank 0's Lease (a
-`plrl_api.records.Progress` in its `pipelinerl.io/progress` annotation). The `WorkersHealthy`
-condition comes from every worker pod's Lease `renewTime` (`policy.health`).
+`plrl_api.records.Progress` in its `pipelinerl.io/progress` annotation), rounded to what a table shows.
+The `Ready` condition says why the first unready pod is not ready when its kubelet reports more than
+a start-up (CrashLoopBackOff with the last exit code and message, CreateContainerConfigError ...).
+The `WorkersHealthy` condition comes from every worker pod's Lease `renewTime` (`policy.health`).
 
 `workers(job, children)` reduces the pods to what `policy.decide` needs, and `history(status)`
 reads back what the last decisions left in status, so a restarted operator neither repeats nor
@@ -168,6 +170,47 @@ def observe(
         failed=outcome is decide.Outcome.FAILED,
     )
     return obs, complaint
+
+
+_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+def not_ready_detail(children: Children) -> str:
+    """Why the first worker pod that is not ready is not, when its kubelet says something a user can
+    act on (a crash loop, a bad config reference, an image that cannot start); "" while pods merely
+    start. E.g. `pod job-train-0: container trainer CrashLoopBackOff, last exit code 2: <message>`."""
+    for pod in sorted(children.pods, key=lambda p: str(p.get("metadata", {}).get("name"))):
+        meta = pod.get("metadata", {})
+        if meta.get("deletionTimestamp") or _pod_condition(pod, "Ready").get("status") == "True":
+            continue
+        for c in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (c.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if not reason or reason in _STARTING:
+                continue
+            code, detail = _container_detail(c)
+            text = f"pod {meta.get('name')}: container {c.get('name')} {reason}"
+            if code is not None:
+                text += f", last exit code {code}" + (f": {detail}" if detail else "")
+            elif waiting.get("message"):
+                text += f": {waiting['message']}"
+            return text[:_DETAIL_CHARS]
+    return ""
+
+
+def _rounded(progress: records.Progress) -> records.Progress:
+    """Progress as `kubectl get plrljobs` shows it: lag to 0.01 steps, reward to 0.001, rates to 1 tok/s."""
+    lag = progress.lag.model_copy(update={"mean": round(progress.lag.mean, 2)})
+    tp = progress.throughput
+    throughput = tp.model_copy(
+        update={
+            "generated_tokens_per_second": round(tp.generated_tokens_per_second),
+            "trained_tokens_per_second": round(tp.trained_tokens_per_second),
+            "ratio": round(tp.ratio, 3),
+        }
+    )
+    reward = None if progress.reward is None else round(progress.reward, 3)
+    return progress.model_copy(update={"lag": lag, "throughput": throughput, "reward": reward})
 
 
 def progress_from_leases(leases: list[dict[str, Any]]) -> records.Progress | None:
@@ -363,6 +406,9 @@ def compute_status(
     ready_msg = f"{obs.ready_pods}/{obs.desired_pods} pods ready" + (
         "" if obs.rolled_out else "; a spec change is rolling out"
     )
+    why_not = "" if all_ready or obs.suspended else not_ready_detail(children)
+    if why_not:
+        ready_msg += f"; {why_not}"
     conditions = [
         _condition(previous, SCHEDULED, sched[0], sched[1], sched[2], gen, stamp),
         _condition(
@@ -386,6 +432,7 @@ def compute_status(
         why = decided.reason or "the job failed"
         conditions.append(_condition(previous, FAILED, True, "RestartsExhausted", why, gen, stamp))
     progress = progress_from_leases(children.leases)
+    progress = _rounded(progress) if progress is not None else None
     start = previous.start_time or (stamp if phase is phases.Phase.RUNNING else None)
     done = previous.completion_time or (stamp if phase in phases.TERMINAL else None)
     return JobStatus(

@@ -45,6 +45,8 @@ class Cluster:
     kubeconfig: pathlib.Path
     server: str
     logs: pathlib.Path | None  # component logs; None for a reused `make cluster-up` cluster
+    node_state: pathlib.Path | None = None
+    """The node agent's pod state: `logs/<ns>_<pod>_<uid>/<container>/<n>.log`, `pods/<uid>/`."""
 
 
 @dataclasses.dataclass
@@ -68,23 +70,25 @@ class ControlPlane:
         *,
         plrl_k8s: pathlib.Path | None = None,
         node_agent: bool = True,
-        node_runner: str = "status",
+        backoff_s: tuple[float, float] = (1.0, 10.0),
         detach: bool = False,
         start_timeout_s: float = 120.0,
     ) -> None:
-        """node_runner: the node agent's PodRunner (node_agent.RUNNERS; "status" marks pods Running).
+        """backoff_s: the node agent's CrashLoopBackOff (first delay, longest delay) for pods it runs;
+        a kubelet's are (10, 300), scaled down so crash-looping tests end in seconds.
         detach=True: the processes outlive this Python process (cluster-up); otherwise they are
         killed when it dies, so a killed pytest leaves nothing running."""
         self.work_dir = work_dir.resolve()
         self._plrl_k8s = plrl_k8s
         self._node_agent = node_agent
-        self._node_runner = node_runner
+        self._backoff_s = backoff_s
         self._detach = detach
         self._timeout = start_timeout_s
         self._components: list[Component] = []
         self.pki = self.work_dir / "pki"
         self.logs = self.work_dir / "logs"
         self.kubeconfig = self.work_dir / "admin.kubeconfig"
+        self.node_state = self.work_dir / "node-agent"
         self.api_port = 0
         self.server = ""
         self.timings: dict[str, float] = {}  # start-up phase -> seconds since start() began
@@ -167,8 +171,15 @@ class ControlPlane:
                  # It taints every new Node not-ready until a node lifecycle controller sees a kubelet;
                  # fake nodes have neither, and a taint lifted after creation races the scheduler.
                  "--disable-admission-plugins=TaintNodesByCondition",
-                 # Endpoints may not be loopback, and nothing in this cluster dials the kubernetes Service.
-                 "--endpoint-reconciler-type=none", "--allow-privileged=true", "--profiling=false"],
+                 # Endpoints may not be loopback; pods reach the kubernetes Service through the node
+                 # agent (tests/infra/pod_net.py), not through its endpoints.
+                 "--endpoint-reconciler-type=none", "--allow-privileged=true", "--profiling=false",
+                 # `kubectl logs`: the node agent serves the kubelet's log endpoint on the node's
+                 # InternalIP (loopback) and verifies this client certificate.
+                 "--kubelet-preferred-address-types=InternalIP",
+                 f"--kubelet-client-certificate={pki / 'admin.crt'}",
+                 f"--kubelet-client-key={pki / 'admin.key'}",
+                 f"--kubelet-certificate-authority={pki / 'ca.crt'}"],
                 lambda: procs.http_ok(f"{self.server}/readyz", self._admin_tls()),
             )
         )  # fmt: skip
@@ -179,7 +190,10 @@ class ControlPlane:
                 Component(
                     "node-agent",
                     [sys.executable, "-m", "tests.infra.node_agent", f"--kubeconfig={self.kubeconfig}",
-                     f"--ready-file={self.work_dir / 'node-agent.ready'}", f"--runner={self._node_runner}"],
+                     f"--ready-file={self.work_dir / 'node-agent.ready'}",
+                     f"--state-dir={self.node_state}", f"--api-server={self.server}",
+                     f"--pki-dir={self.pki}", f"--backoff-base-s={self._backoff_s[0]}",
+                     f"--backoff-max-s={self._backoff_s[1]}"],
                     lambda: (self.work_dir / "node-agent.ready").exists(),
                 )
             )  # fmt: skip
@@ -327,17 +341,29 @@ def kubeconfig(server: str, pki: pathlib.Path, user: str) -> dict[str, object]:
     }
 
 
+def _ours(pid: int, work_dir: str) -> bool:
+    """The process still names work_dir on its command line or in its environment (the operator of
+    `make cluster-up` finds its kubeconfig there), so a reused pid is never hit."""
+    if procs.cmdline_mentions(pid, work_dir):
+        return True
+    try:
+        return work_dir.encode() in pathlib.Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
 def stop_recorded(work_dir: pathlib.Path) -> list[str]:
-    """Stops a detached control plane from its state file (`make cluster-down`); returns what it stopped.
-    A pid is signalled only while its command line still names work_dir, so a reused pid is never hit."""
+    """Stops a detached control plane from its state file (`make cluster-down`), newest process first;
+    returns what it stopped."""
     state_path = work_dir.resolve() / STATE_FILE
     if not state_path.exists():
         return []
     pids: dict[str, int] = json.loads(state_path.read_text())["pids"]
     stopped = []
+    where = str(work_dir.resolve())
     for name, pid in reversed(list(pids.items())):
-        if procs.cmdline_mentions(pid, str(work_dir.resolve())):
-            procs.terminate(pid, functools.partial(procs.gone, pid, str(work_dir.resolve())))
+        if _ours(pid, where):
+            procs.terminate(pid, functools.partial(lambda p: not _ours(p, where), pid))
             stopped.append(name)
     state_path.unlink()
     return stopped

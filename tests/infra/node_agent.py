@@ -2,16 +2,22 @@
 
 It watches pods bound to those nodes, asks a PodRunner what each pod's containers are doing, and
 writes that into the pod's status (phase, conditions, container states, pod IP). When a pod is being
-deleted it stops it through the runner and removes the object, as a kubelet does after the grace period.
+deleted it stops it through the runner and removes the object once the runner says its containers are
+gone, as a kubelet does within the grace period.
 
-The seam is PodRunner: StatusOnlyRunner (here) reports every container Running and Ready at once,
-which is what scheduling and StatefulSet tests need. A runner that really starts each container's
-command as a local process implements the same two methods: `sync` starts on first sight and reports
-exits on later calls (the agent calls it again every resync interval), `stop` kills.
+The seam is PodRunner, chosen per node by its `plrl.dev/runner` label (nodes.RUNNER_LABEL):
+- `status` (StatusOnlyRunner, here, the default) reports every container Running and Ready at once,
+  which is what scheduling and StatefulSet tests need;
+- `process` (pod_runner.ProcessRunner) really runs each container's command as local processes in
+  per-pod namespaces, and this agent then also serves the kubelet's log endpoint (pod_logs.py), so
+  `kubectl logs` works on those pods.
+A runner may poke the agent (`NodeAgent.poke`) when a pod's state changed, so the status follows at
+once rather than at the next resync.
 
-Run: python -m tests.infra.node_agent --kubeconfig K [--ready-file F] [--runner status]
-(controlplane.py does this; a new runner registers in RUNNERS, chosen by ControlPlane(node_runner=...)).
-Neighbours: nodes.py (the nodes), controlplane.py (starts this process and waits for --ready-file).
+Run: python -m tests.infra.node_agent --kubeconfig K [--ready-file F] [--state-dir D --pki-dir P
+--api-server URL] (controlplane.py does this).
+Neighbours: nodes.py (the nodes), controlplane.py (starts this process and waits for --ready-file),
+pod_runner.py and pod_logs.py (the process runner and its logs).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import datetime
 import ipaddress
 import json
 import logging
+import os
 import pathlib
 import queue
 import signal
@@ -42,6 +49,7 @@ Pod = dict[str, Any]  # a Pod as the API server sends it (JSON), never a client 
 Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
 TERMINAL: frozenset[str] = frozenset({"Succeeded", "Failed"})
 ON_A_NODE = "spec.nodeName!="
+DEFAULT_RUNNER = "status"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +65,15 @@ class ContainerState:
     """Exit code of the previous run, reported as `lastState.terminated` (None: no previous run)."""
     last_reason: str = ""
     last_message: str = ""
+    # What a runner that really runs containers knows; None: derived from the previous status and now.
+    started_at: str | None = None
+    finished_at: str | None = None
+    message: str = ""
+    """Of a waiting or terminated state (CrashLoopBackOff's back-off, a termination message)."""
+    last_started_at: str | None = None
+    last_finished_at: str | None = None
+    started: bool | None = None
+    """Past its startup probe (None: running means started)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +93,13 @@ class PodRunner(Protocol):
         every change to the pod and every resync interval; must be cheap when nothing changed."""
         ...
 
-    def stop(self, pod: Pod) -> None:
-        """Stops the pod's containers; idempotent; called when the pod is being deleted or is gone."""
+    def stop(self, pod: Pod) -> bool:
+        """Starts stopping the pod's containers (SIGTERM, SIGKILL after the grace period) without
+        blocking; True once they are all gone. Idempotent: called again until it says True."""
+        ...
+
+    def close(self) -> None:
+        """The agent is stopping: stop every pod, quickly, and release what the runner holds."""
         ...
 
 
@@ -131,8 +153,12 @@ class StatusOnlyRunner:
             ),
         )
 
-    def stop(self, pod: Pod) -> None:
+    def stop(self, pod: Pod) -> bool:
         self._crashing_since.pop(pod["metadata"]["uid"], None)
+        return True
+
+    def close(self) -> None:
+        self._crashing_since.clear()
 
     @classmethod
     def pod_ip(cls, uid: str) -> str:
@@ -163,11 +189,11 @@ def pod_status(pod: Pod, state: PodState, host_ip: str, now: str) -> dict[str, A
         "message": state.message or None,
         "hostIP": host_ip,
         "hostIPs": [{"ip": host_ip}],
-        "podIP": state.pod_ip,
-        "podIPs": [{"ip": state.pod_ip}],
+        "podIP": state.pod_ip or None,
+        "podIPs": [{"ip": state.pod_ip}] if state.pod_ip else None,
         "startTime": old.get("startTime") or now,
         "conditions": [
-            cond("PodReadyToStartContainers", True),
+            cond("PodReadyToStartContainers", bool(state.pod_ip)),  # the sandbox has its network
             cond("Initialized", all(c.state == "terminated" for c in state.init_containers)),
             cond("ContainersReady", ready),
             cond("Ready", ready),
@@ -185,22 +211,31 @@ def _container_status(
     uid: str, c: ContainerState, old: list[dict[str, Any]] | None, now: str
 ) -> dict[str, Any]:
     prev_state = next((s.get("state") or {} for s in old or [] if s.get("name") == c.name), {})
-    started = (prev_state.get("running") or prev_state.get("terminated") or {}).get("startedAt") or now
+    started = (
+        c.started_at
+        or (prev_state.get("running") or prev_state.get("terminated") or {}).get("startedAt")
+        or now
+    )
     if c.state == "running":
         state: dict[str, Any] = {"running": {"startedAt": started}}
     elif c.state == "terminated":
-        finished = (prev_state.get("terminated") or {}).get("finishedAt") or now
+        finished = c.finished_at or (prev_state.get("terminated") or {}).get("finishedAt") or now
         term = {"exitCode": c.exit_code, "reason": c.reason, "startedAt": started, "finishedAt": finished}
+        if c.message:
+            term["message"] = c.message
         state = {"terminated": term}
     else:
-        state = {"waiting": {"reason": c.reason or "ContainerCreating"}}
+        waiting = {"reason": c.reason or "ContainerCreating"}
+        if c.message:
+            waiting["message"] = c.message
+        state = {"waiting": waiting}
     out: dict[str, Any] = {
         "name": c.name,
         "image": c.image,
         "imageID": "",
         "containerID": f"plrl://{uid}/{c.name}",
         "ready": c.ready,
-        "started": c.state == "running",
+        "started": c.state == "running" if c.started is None else c.started,
         "restartCount": c.restart_count,
         "state": state,
     }
@@ -210,8 +245,8 @@ def _container_status(
                 "exitCode": c.last_exit_code,
                 "reason": c.last_reason,
                 "message": c.last_message,
-                "startedAt": started,
-                "finishedAt": now,
+                "startedAt": c.last_started_at or started,
+                "finishedAt": c.last_finished_at or now,
             }
         }
     return out
@@ -223,8 +258,10 @@ def summary(status: dict[str, Any] | None) -> tuple[Any, ...]:
 
     def containers(key: str) -> tuple[Any, ...]:
         return tuple(
-            (c.get("name"), tuple(sorted((c.get("state") or {}).keys())), c.get("ready"),
-             ((c.get("state") or {}).get("terminated") or {}).get("exitCode"), c.get("restartCount"))
+            (c.get("name"), tuple(sorted((c.get("state") or {}).keys())), c.get("ready"), c.get("started"),
+             ((c.get("state") or {}).get("terminated") or {}).get("exitCode"), c.get("restartCount"),
+             ((c.get("state") or {}).get("waiting") or {}).get("reason"),
+             ((c.get("lastState") or {}).get("terminated") or {}).get("exitCode"))
             for c in s.get(key) or []
         )  # fmt: skip
 
@@ -240,19 +277,34 @@ def summary(status: dict[str, Any] | None) -> tuple[Any, ...]:
 
 class NodeAgent:
     def __init__(
-        self, core: client.CoreV1Api, runner: PodRunner, *, resync_s: float = 2.0, host_ip: str = "127.0.0.1"
+        self,
+        core: client.CoreV1Api,
+        runners: Callable[[str], PodRunner | None],
+        *,
+        resync_s: float = 2.0,
+        host_ip: str = "127.0.0.1",
+        kubelet_port: int | None = None,
     ) -> None:
+        """runners(name) -> the PodRunner for nodes labelled `plrl.dev/runner=name` (None: unknown,
+        or unavailable here; their pods are left alone). kubelet_port: where this agent serves logs,
+        written into each fake node's status.daemonEndpoints."""
         self._core = core
-        self._runner = runner
+        self._runners = runners
         self._resync_s = resync_s
         self._host_ip = host_ip
+        self._kubelet_port = kubelet_port
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
         # uid -> latest version of every pod bound to a node; only those on fake nodes are acted on, and
         # a pod whose node is not yet known as fake is looked at again on the next resync.
         self._pods: dict[str, Pod] = {}
-        self._fake_nodes: set[str] = set()
+        self._fake_nodes: dict[str, str] = {}  # fake node -> its runner's name
         self._nodes_listed_at = 0.0
+        self._used: dict[str, PodRunner] = {}
         self.synced = threading.Event()
+
+    def poke(self, uid: str) -> None:
+        """Reconcile pod `uid` soon (a runner saw its state change); thread-safe."""
+        self._events.put(("POKE", uid))
 
     def run(self, stop: threading.Event) -> None:
         threading.Thread(target=self._watch, args=(stop,), name="pod-watch", daemon=True).start()
@@ -266,45 +318,80 @@ class NodeAgent:
             if kind == "LIST":
                 self._on_list(obj)
                 self.synced.set()
+            elif kind == "POKE":
+                if obj in self._pods:
+                    self._reconcile(self._pods[obj])
             elif kind == "DELETED":
                 gone = self._pods.pop(obj["metadata"]["uid"], None)
                 if gone is not None:
-                    self._runner.stop(gone)
+                    self._stop(gone)
             else:
                 self._pods[obj["metadata"]["uid"]] = obj
                 self._reconcile(obj)
-        for pod in self._pods.values():
-            self._runner.stop(pod)
+        for runner in self._used.values():
+            runner.close()
 
     def _on_list(self, items: list[Pod]) -> None:
         fresh = {p["metadata"]["uid"]: p for p in items}
         for uid in self._pods.keys() - fresh.keys():
-            self._runner.stop(self._pods[uid])
+            self._stop(self._pods[uid])
         self._pods = fresh
         for pod in fresh.values():
             self._reconcile(pod)
 
-    def _is_fake(self, node: str) -> bool:
+    def _runner(self, node: str) -> PodRunner | None:
         # Relisted at most once a second: a burst of pods on a new node costs one list.
         if node and node not in self._fake_nodes and time.monotonic() - self._nodes_listed_at > 1.0:
             listed = self._core.list_node(label_selector=f"{nodes.FAKE_NODE_LABEL}=true")
-            self._fake_nodes = {n.metadata.name for n in listed.items if n.metadata and n.metadata.name}
+            self._fake_nodes = {
+                n.metadata.name: (n.metadata.labels or {}).get(nodes.RUNNER_LABEL, DEFAULT_RUNNER)
+                for n in listed.items
+                if n.metadata and n.metadata.name
+            }
             self._nodes_listed_at = time.monotonic()
-        return node in self._fake_nodes
+            for n in listed.items:
+                self._advertise(n)
+        name = self._fake_nodes.get(node)
+        if name is None:
+            return None
+        if name not in self._used:
+            runner = self._runners(name)
+            if runner is None:
+                return None
+            self._used[name] = runner
+        return self._used[name]
+
+    def _advertise(self, node: Any) -> None:
+        """Point the API server's `kubectl logs` at this agent (the node's kubelet port)."""
+        port = self._kubelet_port
+        endpoints = node.status.daemon_endpoints if node.status else None
+        current = endpoints.kubelet_endpoint.port if endpoints and endpoints.kubelet_endpoint else None
+        if port is None or current == port:
+            return
+        body = {"status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}}
+        try:
+            self._core.patch_node_status(node.metadata.name, body)
+        except exceptions.ApiException as e:
+            log.warning("node %s: daemonEndpoints: %s %s", node.metadata.name, e.status, e.reason)
+
+    def _stop(self, pod: Pod) -> bool:
+        runner = self._used.get(self._fake_nodes.get(pod["spec"].get("nodeName", ""), ""))
+        return True if runner is None else runner.stop(pod)
 
     def _reconcile(self, pod: Pod) -> None:
         meta = pod["metadata"]
         try:
-            if not self._is_fake(pod["spec"].get("nodeName", "")):
+            runner = self._runner(pod["spec"].get("nodeName", ""))
+            if runner is None:
                 return
             if meta.get("deletionTimestamp"):
-                self._runner.stop(pod)
-                self._delete(pod)
+                if runner.stop(pod):  # the runner pokes us when it is done
+                    self._delete(pod)
                 return
             if (pod.get("status") or {}).get("phase") in TERMINAL:
                 return
             now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            desired = pod_status(pod, self._runner.sync(pod), self._host_ip, now)
+            desired = pod_status(pod, runner.sync(pod), self._host_ip, now)
             if summary(desired) != summary(pod.get("status")):
                 self._core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": desired})
                 log.info("pod %s/%s: %s", meta["namespace"], meta["name"], desired["phase"])
@@ -362,8 +449,38 @@ class NodeAgent:
                 rv = None
 
 
-# --runner NAME -> a factory given the agent's API client (a process runner reads ConfigMaps/Secrets).
-RUNNERS: dict[str, Callable[[client.CoreV1Api], PodRunner]] = {"status": lambda core: StatusOnlyRunner()}
+def _runners(
+    core: client.CoreV1Api, args: argparse.Namespace, agent: list[NodeAgent], log_sources: list[Any]
+) -> Callable[[str], PodRunner | None]:
+    """The runner factory: `status` always; `process` where this machine can run pods (else None,
+    logged, and pods on such nodes stay Pending). `agent` holds the agent once it exists (the runner
+    pokes it); a process runner is added to `log_sources` (what the log endpoint reads)."""
+
+    def make(name: str) -> PodRunner | None:
+        if name == "status":
+            return StatusOnlyRunner()
+        if name != "process":
+            log.warning("unknown runner %r on a fake node: its pods are left alone", name)
+            return None
+        from tests.infra import pod_net, pod_runner  # root-only machinery, loaded on first use
+
+        why = pod_net.available()
+        if why is not None or args.state_dir is None or args.api_server is None:
+            log.warning("process runner unavailable: %s", why or "--state-dir and --api-server are needed")
+            return None
+        api = urllib3.util.parse_url(args.api_server)
+        cfg = pod_runner.RunnerConfig(
+            state_dir=args.state_dir.resolve(),
+            api_server=(str(api.host), int(api.port or 443)),
+            image=pod_runner.local_image(os.environ.get("OMP_NUM_THREADS") or "1"),
+            backoff_base_s=args.backoff_base_s,
+            backoff_max_s=args.backoff_max_s,
+        )
+        runner = pod_runner.ProcessRunner(core, cfg, agent[0].poke)
+        log_sources.append(runner)
+        return runner
+
+    return make
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -373,13 +490,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kubeconfig", required=True, type=pathlib.Path)
     parser.add_argument("--ready-file", type=pathlib.Path, help="written once the first pod list is handled")
     parser.add_argument("--resync-s", type=float, default=2.0)
-    parser.add_argument("--runner", choices=sorted(RUNNERS), default="status", help="how pods are run")
+    parser.add_argument(
+        "--state-dir", type=pathlib.Path, help="pods' runtime files and logs (process runner)"
+    )
+    parser.add_argument("--api-server", help="the API server's URL on this host (pods reach it at 10.0.0.1)")
+    parser.add_argument(
+        "--pki-dir",
+        type=pathlib.Path,
+        help="serve `kubectl logs` with these certificates (controlplane.py's)",
+    )
+    parser.add_argument("--backoff-base-s", type=float, default=10.0, help="CrashLoopBackOff's first delay")
+    parser.add_argument("--backoff-max-s", type=float, default=300.0, help="CrashLoopBackOff's longest delay")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
     api = kube.api_client(args.kubeconfig)
     core = client.CoreV1Api(api)
-    agent = NodeAgent(core, RUNNERS[args.runner](core), resync_s=args.resync_s)
+    port = None
+    log_sources: list[Any] = []
+    if args.pki_dir is not None:
+        from tests.infra import pod_logs
+
+        port = pod_logs.serve(args.pki_dir, log_sources)
+    holder: list[NodeAgent] = []
+    runners = _runners(core, args, holder, log_sources)
+    agent = NodeAgent(core, runners, resync_s=args.resync_s, kubelet_port=port)
+    holder.append(agent)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

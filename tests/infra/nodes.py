@@ -1,8 +1,10 @@
 """Fake GPU nodes: Node objects that look like a GPU machine to the scheduler (capacity, allocatable,
 GPU-feature-discovery labels, taints, Ready), with no kubelet behind them.
 
-node_agent.py plays kubelet for pods bound to them. Their addresses are loopback, so anything that
-tries to reach "the kubelet" (kubectl logs/exec) reaches only this machine and is refused.
+node_agent.py plays kubelet for pods bound to them, with the runner the node's `plrl.dev/runner` label
+names (`status` by default: nothing runs; `process`: containers run as local processes). Their address
+is loopback: the API server reaches "the kubelet" (`kubectl logs`) at the node agent's log endpoint,
+whose port the agent writes into status.daemonEndpoints.
 
 Neighbours: node_agent.py (recognises these nodes by FAKE_NODE_LABEL), tests/conftest.py (the
 `gpu_nodes` fixture), controlplane.py (the cluster they are created in).
@@ -22,12 +24,13 @@ from kubernetes.client import exceptions
 from tests.infra import kube
 
 FAKE_NODE_LABEL = "plrl.dev/fake-node"
+RUNNER_LABEL = "plrl.dev/runner"  # which PodRunner of the node agent plays kubelet here: status | process
 POOL_LABEL = "plrl.dev/pool"  # set by the gpu_nodes fixture: one value per group of nodes a test makes
 # Added by the TaintNodesByCondition admission plugin to every new Node, and lifted by the node lifecycle
 # controller once the node is Ready. Our control plane runs neither; create() still lifts it, for a
 # cluster that has the plugin on.
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
-# kubectl logs/exec would dial this port on the node's loopback address; nothing listens there.
+# The kubelet port a new node advertises; the node agent replaces it with its log endpoint's port.
 KUBELET_PORT = 10250
 
 
@@ -52,6 +55,8 @@ class GpuNode:
     cpu: str = "64"
     memory: str = "512Gi"
     pods: int = 110
+    runner: str = "status"
+    """`status`: pods are only reported Running; `process`: their containers really run (pod_runner.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +89,7 @@ def manifest(node: GpuNode, now: datetime.datetime | None = None) -> dict[str, A
         "kubernetes.io/arch": "amd64",
         "type": "fake-gpu",
         FAKE_NODE_LABEL: "true",
+        RUNNER_LABEL: node.runner,
         "nvidia.com/gpu.present": "true",
         "nvidia.com/gpu.product": node.product,
         "nvidia.com/gpu.count": str(node.gpus),

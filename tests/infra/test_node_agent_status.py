@@ -107,3 +107,43 @@ def test_a_crash_annotated_pod_is_reported_as_a_kubelet_reports_a_crash_loop() -
     )
     assert later["containerStatuses"][0]["restartCount"] == 3
     assert node_agent.summary(later) != node_agent.summary(first)  # a new restart is written
+
+
+def test_what_a_process_runner_knows_reaches_the_status() -> None:
+    """Times, messages and lastState from a runner that really ran the container; a change of the
+    waiting reason alone (ContainerCreating -> CrashLoopBackOff) needs a write; no address: no podIP."""
+    crashed = node_agent.ContainerState(
+        "worker",
+        "plrl/worker",
+        "waiting",
+        False,
+        reason="CrashLoopBackOff",
+        restart_count=2,
+        last_exit_code=2,
+        last_reason="Error",
+        last_message="plrl-worker: bad model",
+        message="back-off 20s restarting failed container=worker",
+        last_started_at="2026-01-01T00:00:01Z",
+        last_finished_at="2026-01-01T00:00:03Z",
+    )
+    pod = _pod()
+    state = node_agent.PodState("Running", "198.18.0.9", (crashed,))
+    status = node_agent.pod_status(pod, state, "127.0.0.1", "2026-01-01T00:01:00Z")
+    c = status["containerStatuses"][0]
+    assert c["state"] == {"waiting": {"reason": "CrashLoopBackOff", "message": crashed.message}}
+    assert c["lastState"]["terminated"] == {
+        "exitCode": 2,
+        "reason": "Error",
+        "message": "plrl-worker: bad model",
+        "startedAt": "2026-01-01T00:00:01Z",
+        "finishedAt": "2026-01-01T00:00:03Z",
+    }
+    creating = node_agent.ContainerState(
+        "worker", "plrl/worker", "waiting", False, reason="ContainerCreating"
+    )
+    before = node_agent.pod_status(pod, node_agent.PodState("Pending", "", (creating,)), "127.0.0.1", "t")
+    assert before["podIP"] is None and _ready(before) == "False"
+    assert (
+        next(x for x in before["conditions"] if x["type"] == "PodReadyToStartContainers")["status"] == "False"
+    )
+    assert node_agent.summary(before) != node_agent.summary(status)

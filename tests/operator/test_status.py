@@ -200,6 +200,55 @@ def test_coordinator_lease_fills_progress() -> None:
     assert status.patch(s)["step"] == 42
 
 
+def test_progress_is_rounded_to_what_a_table_shows() -> None:
+    report = {
+        "step": 7,
+        "lag": {"mean": 1.547400611620795, "max": 3},
+        "reward": 0.25349702380952377,
+        "throughput": {
+            "generatedTokensPerSecond": 1557.75,
+            "trainedTokensPerSecond": 4674.82,
+            "ratio": 3.0010109,
+        },
+    }
+    annotations = {names.ANNOTATION_ROLE: "trainer", names.ANNOTATION_PROGRESS: json.dumps(report)}
+    lease = {"metadata": {"name": "l", "annotations": annotations}}
+    children = _running_children()
+    children.leases.append(lease)
+    s = status.compute_status(_job(), 2, children, status.JobStatus(phase="Running"), T0)
+    assert s.lag is not None and s.throughput is not None
+    assert (s.lag.mean, s.reward, s.throughput.ratio) == (1.55, 0.253, 3.001)
+    assert (s.throughput.generated_tokens_per_second, s.throughput.trained_tokens_per_second) == (1558, 4675)
+
+
+def test_ready_says_why_a_pod_is_not_ready() -> None:
+    children = _running_children()
+    crashing = _pod("trainer", 0, ready=False)
+    crashing["status"]["containerStatuses"] = [
+        {
+            "name": "trainer",
+            "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s restarting ..."}},
+            "lastState": {
+                "terminated": {"exitCode": 2, "reason": "Error", "message": "plrl-worker: bad model"}
+            },
+        }
+    ]
+    starting = _pod("generator", 0, ready=False)
+    starting["status"]["containerStatuses"] = [
+        {"name": "generator", "state": {"waiting": {"reason": "ContainerCreating"}}}
+    ]
+    children.pods[0], children.pods[2] = starting, crashing
+    s = status.compute_status(_job(), 2, children, status.JobStatus(phase="Running"), T0)
+    assert _cond(s, "Ready").message == (
+        "2/4 pods ready; pod demo-trainer-0: container trainer CrashLoopBackOff, last exit code 2: "
+        "Error: plrl-worker: bad model"
+    )
+    children.pods[2] = _pod("trainer", 0)
+    s = status.compute_status(_job(), 2, children, status.JobStatus(phase="Running"), T0)
+    assert _cond(s, "Ready").message == "3/4 pods ready"  # merely starting: nothing to say
+
+
 def _finished_lease(holder: str, renewed: str) -> dict[str, Any]:
     progress = json.dumps({"step": 1000, "finished": True})
     return {

@@ -16,7 +16,7 @@ broadcast never waits on a generator stuck in backpressure.
 
 Neighbours: `engines/` (decoding), `rpc/client.py` + `rpc/rollout_stream.py` (coordinator),
 `tasks/rewards.py` (scoring), `metrics.py` (/metrics), `heartbeat.py` (the pod's Lease in a cluster),
-`plrl_api.worker_config` (settings).
+`lifecycle.py` (in a pod, waits for SIGTERM once the work is done), `plrl_api.worker_config` (settings).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 
 from plrl_api import identity, names, records, worker_config
-from plrl_workers import heartbeat, metrics, protocol
+from plrl_workers import heartbeat, lifecycle, metrics, protocol
 from plrl_workers.engines import base as engines
 from plrl_workers.engines import factory
 from plrl_workers.rpc import client as client_mod
@@ -47,6 +47,7 @@ log = logging.getLogger("plrl.generator")
 # group is trained later, so the limit is also capped at half an optimizer batch (see `build`):
 # with B = 2 groups, 8 waiting groups were 4 batches of extra lag, enough to exceed maxLag.
 MAX_UNACKED_GROUPS = 8
+PULL_WAIT_S, PULL_RETRY_S = 120.0, 0.5  # how long a pull waits for weights that are not published yet
 
 # Asked to stop (SIGTERM), a generator waits this long for the coordinator to take the groups it
 # still holds. A stalled trainer would keep refusing them (full buffer) for ever; their leases expire
@@ -90,6 +91,7 @@ class Generator:
         self._unacked_lock = threading.Lock()
         self._stop = threading.Event()
         self._source_finished = False
+        self._told_to_stop = False
         self._in_weight_group = False
         self.refused = 0
 
@@ -97,6 +99,17 @@ class Generator:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def stopped(self) -> threading.Event:
+        """Set by `stop()` (SIGTERM)."""
+        return self._stop
+
+    @property
+    def work_done(self) -> bool:
+        """The job needs nothing more from this generator: every prompt is leased, or the coordinator
+        said stop (not merely that the control stream closed: then the coordinator may come back)."""
+        return self._source_finished or self._told_to_stop
 
     def _pump_control(self, stream: client_mod.ControlStream) -> None:
         try:
@@ -116,6 +129,7 @@ class Generator:
                 return True
             if event is None or isinstance(event, protocol.Stop):
                 log.info("stopping: %s", "control stream closed" if event is None else event.reason)
+                self._told_to_stop = event is not None
                 return False
             if isinstance(event, protocol.WeightUpdate):
                 self._receive(event)
@@ -144,7 +158,21 @@ class Generator:
     def _pull(self, version: int) -> None:
         if version <= self.engine.weight_version and version != 0:
             return
-        pulled = self.coord.pull_weights(self.generator_id, min_version=version)
+        deadline = time.monotonic() + PULL_WAIT_S
+        while True:
+            try:
+                pulled = self.coord.pull_weights(self.generator_id, min_version=version)
+                break
+            except grpc.RpcError as err:
+                # A trainer that resumed from a checkpoint registers generators at its weight version a
+                # moment before it has published those weights: UNAVAILABLE, so wait and ask again.
+                if (
+                    err.code() is not grpc.StatusCode.UNAVAILABLE
+                    or time.monotonic() > deadline
+                    or self._stop.is_set()
+                ):
+                    raise
+                time.sleep(PULL_RETRY_S)
         self.engine.update_weights(pulled.named_tensors, pulled.version)
         log.info("pulled full weights v%d", pulled.version)
 
@@ -372,6 +400,8 @@ def main(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> int:
     beat = heartbeat.start(cfg, ident, lambda: gen.heartbeat_report(capacity))
     try:
         gen.run(capacity)
+        if gen.work_done:
+            lifecycle.park(beat, gen.stopped, f"generator {gen.generator_id} has no more prompts to generate")
     finally:
         if beat is not None:
             beat.stop()

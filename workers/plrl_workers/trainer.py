@@ -17,7 +17,8 @@ weight broadcaster, and the run's metrics log. Every optimizer step:
 Neighbours: `coordinator/`, `rpc/server.py`, `weight_sync/sender.py`, `rl/step.py`,
 `engines/training.py`, `checkpoint.py`, `tasks/` (the prompt source), `plrl_api.records` (the
 step records it writes),
-`heartbeat.py` (in a cluster: each pod's Lease; rank 0's carries the job's progress).
+`heartbeat.py` (in a cluster: each pod's Lease; rank 0's carries the job's progress),
+`lifecycle.py` (in a pod, a finished trainer waits for SIGTERM instead of exiting).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import numpy
 import torch.distributed as dist
 
 from plrl_api import identity, names, records, worker_config
-from plrl_workers import checkpoint, heartbeat, metrics, protocol
+from plrl_workers import checkpoint, heartbeat, lifecycle, metrics, protocol
 from plrl_workers.coordinator import core as coordinator
 from plrl_workers.engines import base as engines
 from plrl_workers.engines import factory, training
@@ -371,12 +372,14 @@ class TrainLoop:
             self.hub.publish(self.engine, announce)
 
     def close(self) -> None:
-        self.closing = True
-        if self.heartbeat is not None:
-            self.heartbeat.stop()  # a last renewal, saying `finished` if the job is done
+        self.closing = True  # from now on the heartbeat says `finished` if the job is done
         if self.hub is not None:
             self.hub.close()
         self.engine.close()
+        if self.heartbeat is not None:
+            if self.done:
+                lifecycle.park(self.heartbeat, self.stop, f"trained all {self.total_steps} steps")
+            self.heartbeat.stop()  # a last renewal
 
 
 def train(

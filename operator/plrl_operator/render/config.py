@@ -2,8 +2,9 @@
 
 The ConfigMap holds one `plrl_api.worker_config.WorkerConfig` per role (`/etc/plrl/<role>.json`):
 the fully defaulted spec, the pod plan, the endpoints a worker finds its peers at (the headless
-Services' DNS names) and the paths of its files in the pod. Workers read only that file and their
-env; nothing is passed by hostfile.
+Services' DNS names) and the paths of its files in the pod (step records go to the checkpoint
+directory, beside the checkpoints). Workers read only that file and their env; nothing is passed by
+hostfile.
 
 Secret: the per-job token every worker RPC must carry. It is random and therefore cannot be a
 pure function of the job; `render` takes it as an argument and the operator creates the Secret
@@ -43,8 +44,13 @@ def paths(job: spec_mod.PipelineRLJob) -> worker_config.Paths:
     dataset: str | None = None
     if ds is not None:
         dataset = f"{DATASET_DIR}/{ds.config_map.key}" if ds.config_map is not None else ds.path
+    # Trainer rank 0 appends its step records (metrics.jsonl) beside the checkpoints: the volume
+    # that outlives the pods holds the job's history too (`plrl status <dir>` reads it).
     return worker_config.Paths(
-        model_dir=s.model.name, checkpoint_dir=s.training.checkpoint.path, dataset_file=dataset
+        model_dir=s.model.name,
+        checkpoint_dir=s.training.checkpoint.path,
+        dataset_file=dataset,
+        run_dir=s.training.checkpoint.path,
     )
 
 

@@ -143,13 +143,18 @@ def statefulset(
         "resources": common.resources(s, gpus),
         "volumeMounts": mounts,
         "securityContext": {"allowPrivilegeEscalation": False},
+        # A worker that fails before writing a termination message (a bad config, a missing model)
+        # still says why: the kubelet takes its last log lines, and the job's Failed condition and
+        # WorkerRestarted events quote them.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": s.resources.service_account_name or child.worker,
         "affinity": common.gpu_affinity(s),
         "containers": [container],
         "volumes": volumes,
-        # Workers checkpoint and hand back prompt leases on SIGTERM; give them time.
+        # On SIGTERM workers stop between optimizer steps and decode steps (a trainer resumes from its
+        # latest checkpoint; a generator's leases go back to the queue); give them time to get there.
         "terminationGracePeriodSeconds": 60,
     }
     if s.resources.node_selector:

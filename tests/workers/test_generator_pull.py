@@ -1,0 +1,74 @@
+"""A generator's full-weights pull waits for weights its trainer has not published yet.
+
+Cases: a trainer that resumed from a checkpoint registers generators at its weight version just before
+publishing those weights, so a pull is refused UNAVAILABLE for a moment: the generator asks again and
+loads them; any other refusal (or UNAVAILABLE past the wait) is raised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+
+from plrl_workers import generator
+from plrl_workers.engines import base as engines
+from plrl_workers.rpc import client
+
+
+class _Refused(grpc.RpcError):  # type: ignore[misc]  # grpc ships no stubs
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+
+class _Coord:
+    def __init__(self, refusals: list[grpc.StatusCode]) -> None:
+        self.refusals = refusals
+        self.calls = 0
+
+    def pull_weights(self, generator_id: str, min_version: int = 0) -> client.PulledWeights:
+        self.calls += 1
+        if self.refusals:
+            raise _Refused(self.refusals.pop(0))
+        return client.PulledWeights(version=min_version, params=(), named_tensors=iter(()))
+
+
+class _Engine:
+    weight_version = 0
+
+    def update_weights(self, named: Any, version: int) -> None:
+        self.weight_version = version
+
+
+def _generator(coord: _Coord) -> generator.Generator:
+    engine: Any = _Engine()
+    coord_any: Any = coord
+    params = engines.SamplingParams(max_new_tokens=1)
+    return generator.Generator("gen-0", engine, coord_any, None, lambda *a: 0.0, params, 1)
+
+
+def test_a_pull_waits_for_weights_not_published_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(generator, "PULL_RETRY_S", 0.01)
+    coord = _Coord([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE])
+    gen = _generator(coord)
+    gen._pull(10)
+    assert coord.calls == 3 and gen.engine.weight_version == 10
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT])
+def test_other_refusals_are_raised(code: grpc.StatusCode) -> None:
+    coord = _Coord([code])
+    with pytest.raises(grpc.RpcError):
+        _generator(coord)._pull(10)
+    assert coord.calls == 1
+
+
+def test_unavailable_past_the_wait_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(generator, "PULL_WAIT_S", 0.0)
+    coord = _Coord([grpc.StatusCode.UNAVAILABLE] * 5)
+    with pytest.raises(grpc.RpcError):
+        _generator(coord)._pull(10)
