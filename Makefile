@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: venv demo smollm2 test lint typecheck unit crds crds-check lock controlplane cluster-up cluster-down bench clean proto gpu-check
+.PHONY: venv demo smollm2 test lint typecheck unit crds crds-check lock controlplane cluster-up cluster-down bench clean proto gpu-check chaos
 
 venv: $(VENV)/.plrl-stamp
 $(VENV)/.plrl-stamp: requirements/lock.txt pyproject.toml scripts/setup-venv.sh
@@ -71,6 +71,12 @@ cluster-down: venv
 ARGS ?=
 gpu-check:
 	scripts/gpu-check.sh --out runs/gpu-check $(ARGS)
+
+## chaos: the chaos soak (bench/chaos_soak.py): one plrl run job through FAULTS seeded random faults
+## (kill, stop, slow), each one's detection time, recovery and throughput lost, and the accounting check.
+FAULTS ?= 100
+chaos: venv
+	$(PY) bench/chaos_soak.py --faults $(FAULTS) --steps $$(( $(FAULTS) * 12 )) --out runs/chaos
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache runs

@@ -68,6 +68,13 @@ ENV_BIND_HOST: Final = "PLRL_BIND_HOST"
 ENV_METRICS_PORT: Final = "PLRL_WORKER_METRICS_PORT"
 """`plrl run` only: local processes share one IP, so each gets its own /metrics port."""
 
+# --------------------------------------------------------------------------- exit codes
+
+EXIT_RESTART_ME: Final = 75  # EX_TEMPFAIL
+"""A worker that cannot go on through no fault of its own (it lost its coordinator, or a newer
+process registered under its name) exits with this: restart it, but do not charge the restart to
+`failurePolicy.maxRestarts` (the failure that caused it is charged). Never 0, which means done."""
+
 # --------------------------------------------------------------------------- ports
 
 PORT_RPC: Final = 50051
@@ -85,6 +92,12 @@ CONFIG_DIR: Final = "/etc/plrl"
 """Where the job's ConfigMap is mounted in worker pods: `<CONFIG_DIR>/<role>.json`."""
 TOKEN_KEY: Final = "token"
 """Key of the RPC token in the job's Secret."""
+
+
+def local_process(role: Role, index: int) -> str:
+    """A `plrl run` process's name: `trainer-<rank>` or `generator-<index>` (its logs, heartbeat
+    file and `--chaos` target are named by it)."""
+    return f"{role}-{index}"
 
 
 def config_file(role: Role) -> str:

@@ -42,6 +42,9 @@ def finite(value: Any) -> float | None:
 
 METRICS_FILE = "metrics.jsonl"
 """Under `plrl run`, trainer rank 0 appends one `StepRecord` per line to `<run-dir>/<METRICS_FILE>`."""
+HEARTBEAT_DIR = "heartbeats"
+"""Under `plrl run`, every worker process writes its Lease object (JSON) to
+`<run-dir>/<HEARTBEAT_DIR>/<process>.json` (what a pod renews on the API server)."""
 
 
 class PromptCounts(pydantic.BaseModel):

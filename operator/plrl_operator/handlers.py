@@ -247,7 +247,9 @@ async def _reconcile_locked(
         job = _parse(body)
         previous = status.parse(body.get("status"))
         generators = decide.current_generators(job.spec, previous.generators)
-        verdict = decide.decide(job.spec, status.observation(children), status.history(previous))
+        now = datetime.datetime.now(datetime.UTC)
+        observed = status.observation(children, job.spec.heartbeat, now)
+        verdict = decide.decide(job.spec, observed, status.history(previous))
         # A job that ended keeps its objects (ConfigMap, checkpoints' PVCs) but no running pods.
         stopped = verdict.history.outcome is not None
         if force_sync or _drifted(job, generators, stopped, children, memo):
@@ -260,8 +262,11 @@ async def _reconcile_locked(
                     kopf.info(
                         body, reason=reason, message=f"applied {len(written)} objects: {', '.join(written)}"
                     )
+        # The decision is recorded (status) before it is carried out, so a restarted operator
+        # finds it and neither forgets nor counts it again (`decide.Restart.repeat`).
         await _write_status(body, job, generators, children, previous, verdict.history)
         _post_decisions(body, verdict.decisions)
+        await _replace_hung(job, verdict.decisions)
     except k8s.ApiError as err:
         metrics.RECONCILE_ERRORS.labels(trigger=trigger, error=f"http{err.status}").inc()
         kopf.warn(body, reason=events.RECONCILE_FAILED, message=str(err))
@@ -330,12 +335,22 @@ def _post_decisions(body: kopf.Body, decisions: tuple[decide.Decision, ...]) -> 
     """One Event per decision, after the status that records it was written (so a restarted
     operator may miss an Event, but never repeats the decision)."""
     for d in decisions:
-        if isinstance(d, decide.Restart):
+        if isinstance(d, decide.Restart) and not d.repeat:
             kopf.warn(body, reason=events.WORKER_RESTARTED, message=d.reason)
         elif isinstance(d, decide.Fail):
             kopf.warn(body, reason=events.JOB_FAILED, message=d.reason)
         elif isinstance(d, decide.Finish):
             kopf.info(body, reason=events.JOB_SUCCEEDED, message=d.reason)
+
+
+async def _replace_hung(job: spec_mod.PipelineRLJob, decisions: tuple[decide.Decision, ...]) -> None:
+    """Delete each pod `decide` wants replaced, at once (grace 0): a hung process would not act on
+    SIGTERM, and its StatefulSet creates the replacement only once the old pod is gone. Its
+    leases come back to the coordinator when its streams break; anything it sends later is fenced."""
+    ns = job.metadata.namespace or "default"
+    for d in decisions:
+        if isinstance(d, decide.Restart) and not d.by_platform:
+            await asyncio.to_thread(client().delete_pod, ns, d.worker, 0)
 
 
 def _entered(

@@ -197,6 +197,19 @@ class Client:
             if err.status != 409:  # created meanwhile (another replica): keep theirs
                 raise
 
+    def delete_pod(self, namespace: str, name: str, grace_s: int) -> None:
+        """Delete a pod (already gone: nothing to do)."""
+        try:
+            self.request(
+                "DELETE",
+                f"{POD_KIND.collection(namespace)}/{name}",
+                kind="Pod",
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": grace_s},
+            )
+        except ApiError as err:
+            if err.status != 404:
+                raise
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Replace the job's status (merge patch on the status subresource; lists are replaced)."""
         self.request(

@@ -82,6 +82,10 @@ class JobStatus(_Model):
         default_factory=dict,
         description="Container restarts already counted, by pod uid (a restarted operator counts each once).",
     )
+    replacing: list[str] = Field(
+        default_factory=list,
+        description="Uids of hung pods the operator is replacing (deleting); each counted once.",
+    )
     conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
     observed_generation: int | None = Field(default=None, description="Job generation last reconciled.")
     start_time: str | None = Field(default=None, description="When the job first ran (RFC 3339).")
@@ -231,8 +235,18 @@ def _container_detail(status: dict[str, Any]) -> tuple[int | None, str]:
     return term.get("exitCode"), text[-_DETAIL_CHARS:]
 
 
-def workers(children: Children) -> tuple[decide.Worker, ...]:
-    """The job's pods as `policy.decide` sees them: restarts the kubelet did, and why."""
+def workers(
+    children: Children, heartbeat: spec_mod.HeartbeatSpec | None = None, now: datetime.datetime | None = None
+) -> tuple[decide.Worker, ...]:
+    """The job's pods as `policy.decide` sees them: restarts the kubelet did, and why. With
+    `heartbeat` and `now`, a running pod whose Lease has not been renewed for `timeoutSeconds` is
+    hung (the kubelet sees a live process and would never restart it) and needs replacing."""
+    renewed = {
+        str((lease.get("spec") or {}).get("holderIdentity") or ""): _time(
+            (lease.get("spec") or {}).get("renewTime")
+        )
+        for lease in children.leases
+    }
     out = []
     for pod in children.pods:
         meta = pod.get("metadata", {})
@@ -247,18 +261,38 @@ def workers(children: Children) -> tuple[decide.Worker, ...]:
             if c_code is not None:
                 code, detail = c_code, f"container {c.get('name')}: {c_detail}" if c_detail else ""
         running = bool(statuses) and all("running" in (c.get("state") or {}) for c in statuses)
+        name = str(meta.get("name"))
+        hung = False
+        if running and heartbeat is not None and now is not None:
+            # Since the container last started: a Lease renewed by its previous run says nothing.
+            starts = [t for t in map(_started, statuses) if t is not None]
+            started = max(starts) if starts else _time(meta.get("creationTimestamp"))
+            beat = health.Beat(name, True, started, renewed.get(name))
+            if health.classify(beat, now, heartbeat.timeout_seconds) is health.Health.STALE:
+                last = renewed[name]
+                assert last is not None
+                hung = True
+                detail = (
+                    f"no heartbeat for {(now - last).total_seconds():.0f} s "
+                    f"(spec.heartbeat.timeoutSeconds={heartbeat.timeout_seconds:g}): hung or cut off"
+                )
         out.append(
             decide.Worker(
-                name=str(meta.get("name")),
+                name=name,
                 role=role,
                 instance=str(meta.get("uid") or meta.get("name")),
                 running=running,
                 exit_code=code,
                 platform_restarts=restarts,
+                needs_restart=hung,
                 detail=detail,
             )
         )
     return tuple(out)
+
+
+def _started(container_status: dict[str, Any]) -> datetime.datetime | None:
+    return _time(((container_status.get("state") or {}).get("running") or {}).get("startedAt"))
 
 
 def history(previous: JobStatus) -> decide.History:
@@ -269,11 +303,17 @@ def history(previous: JobStatus) -> decide.History:
         (c.message for c in previous.conditions if c.type in (SUCCEEDED, FAILED) and c.status == "True"), ""
     )
     return decide.History(
-        restarts=previous.restarts, counted=dict(previous.counted_restarts), outcome=out, reason=reason
+        restarts=previous.restarts,
+        counted=dict(previous.counted_restarts),
+        outcome=out,
+        reason=reason,
+        replacing=frozenset(previous.replacing),
     )
 
 
-def observation(children: Children) -> decide.Observation:
+def observation(
+    children: Children, heartbeat: spec_mod.HeartbeatSpec | None = None, now: datetime.datetime | None = None
+) -> decide.Observation:
     """What `policy.decide` looks at. Only a Lease renewed by a current pod (after it was created) can
     say the job finished: a report left over from an earlier pod or job must not end this one."""
     created = {
@@ -289,7 +329,9 @@ def observation(children: Children) -> decide.Observation:
         if holder in created and renewed is not None and (born is None or renewed >= born):
             current.append(lease)
     progress = progress_from_leases(current)
-    return decide.Observation(workers=workers(children), finished=progress is not None and progress.finished)
+    return decide.Observation(
+        workers=workers(children, heartbeat, now), finished=progress is not None and progress.finished
+    )
 
 
 def _time(raw: Any) -> datetime.datetime | None:
@@ -447,6 +489,7 @@ def compute_status(
         throughput=progress.throughput if progress else previous.throughput,
         restarts=decided.restarts,
         counted_restarts=dict(decided.counted),
+        replacing=sorted(decided.replacing),
         conditions=conditions,
         observed_generation=gen,
         start_time=start,

@@ -362,3 +362,38 @@ def test_leases_of_gone_pods_and_of_a_pods_predecessor_are_ignored() -> None:
     children.leases.append(_beat("demo-trainer-0", T1))
     c = _health(children, T1)
     assert (c.status, c.message) == ("True", "1 workers renewed their Lease within 30s")
+
+
+def _running_since(pod: dict[str, Any], started: str) -> dict[str, Any]:
+    pod["metadata"]["uid"] = f"uid-{pod['metadata']['name']}"
+    pod["status"]["containerStatuses"] = [
+        {"name": "worker", "restartCount": 0, "state": {"running": {"startedAt": started}}}
+    ]
+    return pod
+
+
+def test_a_running_pod_whose_lease_went_stale_is_hung_and_replaced() -> None:
+    job = _job(heartbeat={"intervalSeconds": 2, "timeoutSeconds": 10})
+    children = _running_children()
+    for pod in children.pods:
+        _running_since(pod, "2026-01-01T11:00:00Z")
+    renewals = {
+        "demo-generator-0": "2026-01-01T11:59:59.000000Z",  # fresh
+        "demo-generator-1": "2026-01-01T11:59:45.000000Z",  # silent for 15 s > 10 s: hung
+        "demo-trainer-0": "2026-01-01T10:59:00.000000Z",  # before its container started: starting
+    }
+    for holder, renewed in renewals.items():
+        children.leases.append({"metadata": {}, "spec": {"holderIdentity": holder, "renewTime": renewed}})
+    observed = status.observation(children, job.spec.heartbeat, T0)
+    hung = [w for w in observed.workers if w.needs_restart]
+    assert [(w.name, w.instance) for w in hung] == [("demo-generator-1", "uid-demo-generator-1")]
+    assert hung[0].detail == "no heartbeat for 15 s (spec.heartbeat.timeoutSeconds=10): hung or cut off"
+    verdict = decide.decide(job.spec, observed, decide.History())
+    (d,) = verdict.decisions
+    assert isinstance(d, decide.Restart) and d.worker == "demo-generator-1" and not d.by_platform
+    # The decision is in the status the operator writes before it deletes the pod.
+    s = status.compute_status(job, 2, children, status.JobStatus(phase="Running"), T0, verdict.history)
+    assert (s.restarts, s.replacing) == (1, ["uid-demo-generator-1"])
+    assert status.history(s).replacing == {"uid-demo-generator-1"}
+    # Without heartbeat settings (or a time) nothing is judged hung.
+    assert not any(w.needs_restart for w in status.observation(children).workers)

@@ -414,3 +414,19 @@ def test_asked_to_stop_while_backpressured_it_stops_without_waiting_for_the_trai
     assert not rig.thread.is_alive() and not rig.errors
     a = rig.stats().accounting
     assert a.balanced and a.buffered == 2  # the groups it gave up on are still leased: they expire
+
+
+def test_a_generator_replaced_under_its_id_stops_and_asks_to_be_restarted(start: Start) -> None:
+    """Another process registered as this generator (its replacement): the old one's control stream
+    ends, so its run ends with `lost` set (its exit code then is `lifecycle.EXIT_RESTART_ME`, never
+    the 0 that means "my work is done"), and the prompts it held are leased again."""
+    engine = FakeEngine()
+    engine.allow(0)  # holding its leases, like a hung process
+    rig = start(20, engine=engine)
+    eventually(lambda: rig.stats().accounting.leased > 0, what="leases out")
+    rig.coord.register(GEN)  # the replacement
+    rig.thread.join(timeout=30)
+    assert not rig.thread.is_alive() and not rig.errors
+    assert "control stream ended" in rig.gen.lost and not rig.gen.work_done
+    a = rig.stats().accounting
+    assert (a.leased, a.requeued) == (0, a.issued)

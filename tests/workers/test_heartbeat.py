@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import pathlib
 
 import pytest
 
@@ -24,6 +25,7 @@ from plrl_operator.policy import decide
 from plrl_operator.render import config as render_config
 from plrl_workers import heartbeat
 from tests import samples
+from tests.polling import eventually
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 ROW = samples.step_record()  # what trainer.Coordination.log_step writes
@@ -180,9 +182,27 @@ def test_target_from_the_rendered_config_and_the_pods_env() -> None:
     assert (tgt.interval_s, tgt.timeout_s) == (2.0, 7.5)
 
 
+def test_plrl_run_processes_beat_into_the_run_directory(tmp_path: pathlib.Path) -> None:
+    cfg = _worker_config("generator")
+    cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"run_dir": str(tmp_path)})})
+    local = identity.Identity.from_env({names.ENV_TOKEN: "t", names.ENV_POD_INDEX: "1"})  # as plrl run sets
+    beat = heartbeat.start(cfg, local, lambda: records.WorkerReport(role="generator", weight_version=4))
+    assert beat is not None and not beat.in_cluster
+    path = tmp_path / records.HEARTBEAT_DIR / "generator-1.json"
+    eventually(path.exists, what="the first renewal")
+    lease = json.loads(path.read_text())
+    beat.stop()
+    assert not path.exists()  # an exiting worker is not a hung one
+    assert lease["spec"]["holderIdentity"] == "generator-1"
+    assert lease["metadata"]["annotations"][names.ANNOTATION_WEIGHT_VERSION] == "4"
+    renewed = datetime.datetime.fromisoformat(lease["spec"]["renewTime"])
+    assert abs((datetime.datetime.now(datetime.UTC) - renewed).total_seconds()) < 60
+
+
 def test_outside_a_cluster_nothing_starts(caplog: pytest.LogCaptureFixture) -> None:
     cfg = _worker_config("trainer")
-    local = identity.Identity.from_env({names.ENV_TOKEN: "t"})  # what plrl run sets
+    cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"run_dir": None})})
+    local = identity.Identity.from_env({names.ENV_TOKEN: "t"})  # no pod, no run directory
     assert heartbeat.target(cfg, local) is None
     assert heartbeat.start(cfg, local, lambda: records.WorkerReport(role="trainer"), env={}) is None
     # A pod without credentials (e.g. automountServiceAccountToken: false): said once, then trains on.

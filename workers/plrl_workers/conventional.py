@@ -15,18 +15,17 @@ Neighbours: `trainer.TrainLoop` (training, coordinator, checkpoints), `generator
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 
 import torch.distributed as dist
 
 from plrl_api import identity, worker_config
-from plrl_workers import generator, trainer
+from plrl_workers import generator, lifecycle, trainer
 
 
 def run(cfg: worker_config.WorkerConfig, ident: identity.Identity, ranks: trainer.RankInfo) -> int:
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    lifecycle.on_sigterm(stop.set)
     # Budget 0: nothing is issued until a round opens.
     loop = trainer.TrainLoop(cfg, ident, ranks, stop, prompt_budget=0)
     dist.barrier()  # the coordinator (rank 0) is serving before any generator registers

@@ -14,6 +14,13 @@ Leasing stops while too many groups wait for the coordinator (its buffer is full
 never runs far ahead of the trainers; the control stream is still served meanwhile, so a weight
 broadcast never waits on a generator stuck in backpressure.
 
+A generator exits 0 only when its work is done (the coordinator said stop, or no prompt is left to
+lease) or when it was asked to stop (SIGTERM). A generator that lost its coordinator (the control
+stream ended without a Stop: trainer rank 0 died or restarted) or was replaced (its registration was
+fenced: another process registered under its id) exits `lifecycle.EXIT_RESTART_ME`, so its
+controller (the kubelet, `plrl run`) starts it again and counts the restart: an exit 0 would read as
+a normal finish and leave the job without that generator.
+
 Neighbours: `engines/` (decoding), `rpc/client.py` + `rpc/rollout_stream.py` (coordinator),
 `tasks/rewards.py` (scoring), `metrics.py` (/metrics), `heartbeat.py` (the pod's Lease in a cluster),
 `lifecycle.py` (in a pod, waits for SIGTERM once the work is done), `plrl_api.worker_config` (settings).
@@ -24,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
-import signal
 import threading
 import time
 from typing import Any
@@ -53,6 +59,9 @@ PULL_WAIT_S, PULL_RETRY_S = 120.0, 0.5  # how long a pull waits for weights that
 # still holds. A stalled trainer would keep refusing them (full buffer) for ever; their leases expire
 # and the prompts are leased again, so nothing is lost by giving up.
 STOP_DRAIN_S = 5.0
+# A lease refused because the coordinator went away: how long to wait for the Stop that says the job
+# ended (the trainer sends it just before its server stops) before taking it as the coordinator lost.
+LOST_STOP_WAIT_S = 2.0
 
 
 @dataclasses.dataclass
@@ -92,6 +101,7 @@ class Generator:
         self._stop = threading.Event()
         self._source_finished = False
         self._told_to_stop = False
+        self._lost = ""  # why this generator cannot go on (empty: it can)
         self._in_weight_group = False
         self.refused = 0
 
@@ -104,6 +114,11 @@ class Generator:
     def stopped(self) -> threading.Event:
         """Set by `stop()` (SIGTERM)."""
         return self._stop
+
+    @property
+    def lost(self) -> str:
+        """Why the run ended without the job being done: "" if it was done or asked to stop."""
+        return self._lost
 
     @property
     def work_done(self) -> bool:
@@ -130,11 +145,30 @@ class Generator:
             if event is None or isinstance(event, protocol.Stop):
                 log.info("stopping: %s", "control stream closed" if event is None else event.reason)
                 self._told_to_stop = event is not None
+                if event is None and not self._stop.is_set():
+                    self._lost = "the coordinator's control stream ended without a Stop"
                 return False
             if isinstance(event, protocol.WeightUpdate):
                 self._receive(event)
             elif isinstance(event, protocol.PullWeights):
                 self._pull(event.version)
+
+    def _stop_was_sent(self, wait_s: float) -> bool:
+        """Whether the control stream says Stop within `wait_s` (other events are dropped: the
+        coordinator is gone). Sets `work_done` if it does."""
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                event = self._events.get(timeout=left)
+            except queue.Empty:
+                return False
+            if event is None:
+                return False
+            if isinstance(event, protocol.Stop):
+                log.info("stopping: %s", event.reason)
+                self._told_to_stop = True
+                return True
+        return False
 
     def _receive(self, event: protocol.WeightUpdate) -> None:
         t0 = time.perf_counter()
@@ -197,7 +231,25 @@ class Generator:
         if free_prompts <= 0 or backlog >= self.max_unacked_groups or self._source_finished:
             return 0
         idle = self.engine.num_in_flight() == 0
-        batch = self.coord.lease_prompts(self.generator_id, free_prompts, wait_s=0.5 if idle else 0.0)
+        try:
+            batch = self.coord.lease_prompts(self.generator_id, free_prompts, wait_s=0.5 if idle else 0.0)
+        except grpc.RpcError as err:
+            code = err.code()
+            if code is grpc.StatusCode.FAILED_PRECONDITION:
+                # Fenced: replaced by a newer registration of this id, or declared dead. Nothing
+                # this process still holds will be accepted; its prompts were re-queued.
+                self._lost = f"the coordinator refused this generator: {err.details()}"
+            elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                # The coordinator went away: either the job is ending (its Stop is on the control
+                # stream, or about to be) or trainer rank 0 died.
+                self._lost = (
+                    "" if self._stop_was_sent(LOST_STOP_WAIT_S) else f"lost the coordinator ({code.name})"
+                )
+                if not self._lost:
+                    return 0
+            else:
+                raise
+            return 0
         self._source_finished = batch.finished and not batch.leases
         for lease in batch.leases:
             self._groups[lease.lease_id] = _Group(lease)
@@ -282,6 +334,8 @@ class Generator:
                 if not self._handle_events():
                     break
                 self._fill(capacity)
+                if self._lost or self._told_to_stop:
+                    break
                 if self.engine.num_in_flight() == 0:
                     if self._source_finished:
                         break
@@ -298,6 +352,8 @@ class Generator:
             if not self._handle_events():
                 return
             leased = self._fill(capacity)
+            if self._lost or self._told_to_stop:
+                return
             if self.engine.num_in_flight() == 0:
                 with self._unacked_lock:
                     delivered = self._unacked == 0
@@ -320,8 +376,10 @@ class Generator:
         )
 
     def close(self) -> None:
+        # Deliver what is finished first: closing the control stream tells the coordinator this
+        # generator is gone, and it re-queues whatever is still leased to it.
+        self._stream.close(timeout_s=STOP_DRAIN_S if self._stop.is_set() or self._lost else None)
         self._control.cancel()
-        self._stream.close(timeout_s=STOP_DRAIN_S if self._stop.is_set() else None)
         if self._in_weight_group:
             self.engine.leave_weight_group()
 
@@ -396,7 +454,7 @@ def main(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> int:
     gen, capacity = build(cfg, ident)
     if gen.metrics is not None:
         gen.metrics.serve(ident.metrics_port or cfg.endpoints.metrics_port, host=ident.bind_host)
-    signal.signal(signal.SIGTERM, lambda *_: gen.stop())
+    lifecycle.on_sigterm(gen.stop)
     beat = heartbeat.start(cfg, ident, lambda: gen.heartbeat_report(capacity))
     try:
         gen.run(capacity)
@@ -407,5 +465,8 @@ def main(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> int:
             beat.stop()
         gen.engine.close()
         gen.coord.close()
+    if gen.lost:
+        log.error("generator %s cannot go on: %s; exiting to be restarted", gen.generator_id, gen.lost)
+        return lifecycle.EXIT_RESTART_ME
     log.info("generator %s done (%d refused rollouts)", gen.generator_id, gen.refused)
     return 0

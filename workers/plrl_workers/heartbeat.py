@@ -7,8 +7,12 @@ thread server-side-applies the coordination.k8s.io Lease `<job>-<pod>` every
 operator watches Leases by the first), and annotations with the worker's role, weight version,
 tokens/s, queue depth and utilisation. Trainer rank 0 adds `pipelinerl.io/progress`: the JSON of
 `plrl_api.records.Progress`, from which the operator fills the job's STEP, LAG, REWARD and TOK/S
-and, once it says `finished`, marks the job Succeeded. Without them (`plrl run`) `start` returns
-None and nothing runs.
+and, once it says `finished`, marks the job Succeeded.
+
+Under `plrl run` (no pod name, a run directory) every process writes the same Lease object, as
+JSON, to `<run dir>/heartbeats/<process>.json` (e.g. `generator-1.json`), where the local runner
+reads it the way the operator reads Leases: a process whose renewals stop (hung, SIGSTOPped) is
+found stale after `timeoutSeconds` and replaced. Without either `start` returns None.
 
 One Lease per pod: in a trainer pod with several ranks only local rank 0 renews it. The Lease is
 owned by the job (as a plain owner: no `blockOwnerDeletion`, so the worker Role's Lease verbs
@@ -60,17 +64,38 @@ class Target:
     role: str
     interval_s: float
     timeout_s: float
+    local_dir: str | None = None
+    """`plrl run`: write the Lease to `<local_dir>/<pod>.json` instead of the API server."""
 
     @property
     def name(self) -> str:
         return names.Names(self.job).lease(self.pod)
 
 
+def local_process_name(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> str:
+    """How `plrl run` names this process: `trainer-<rank>` or `generator-<index>`."""
+    if cfg.role == names.TRAINER:
+        return names.local_process(names.TRAINER, ident.rank(cfg.plan.gpus_per_trainer))
+    return names.local_process(names.GENERATOR, ident.pod_index)
+
+
 def target(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> Target | None:
-    """The Lease to renew in a cluster; None when this process is not a pod (`plrl run`)."""
-    if not ident.namespace or not ident.pod_name:
-        return None
+    """The Lease to renew: in a cluster this pod's; under `plrl run` (a run directory) this
+    process's file; None otherwise."""
     hb = cfg.spec.heartbeat
+    if not ident.namespace or not ident.pod_name:
+        if not cfg.paths.run_dir:
+            return None
+        return Target(
+            namespace="",
+            pod=local_process_name(cfg, ident),
+            job=cfg.job.name,
+            job_uid=None,
+            role=cfg.role,
+            interval_s=hb.interval_seconds,
+            timeout_s=hb.timeout_seconds,
+            local_dir=str(pathlib.Path(cfg.paths.run_dir) / records.HEARTBEAT_DIR),
+        )
     return Target(
         namespace=ident.namespace,
         pod=ident.pod_name,
@@ -203,6 +228,29 @@ class _Api:
         self._api.close()
 
 
+class _LocalFile:
+    """`plrl run`'s stand-in for the API server: the Lease as JSON in a file, replaced atomically.
+
+    Closing removes the file: a worker that stopped renewing because it is exiting (releasing its
+    engine, leaving process groups: seconds on a loaded machine) must not read as hung."""
+
+    def __init__(self, directory: pathlib.Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._dir = directory
+        self._written: pathlib.Path | None = None
+
+    def apply(self, body: dict[str, Any]) -> None:
+        path = self._dir / f"{body['spec']['holderIdentity']}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(body))
+        tmp.replace(path)
+        self._written = path
+
+    def close(self) -> None:
+        if self._written is not None:
+            self._written.unlink(missing_ok=True)
+
+
 def _describe(err: Exception) -> str:
     """An API error as `HTTP 403 Forbidden: <the API server's message>`, anything else by type."""
     code, reason = getattr(err, "status", None), getattr(err, "reason", None)
@@ -223,7 +271,7 @@ class Heartbeat:
         self,
         tgt: Target,
         report: Callable[[], records.WorkerReport],
-        api: _Api,
+        api: _Api | _LocalFile,
         clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
     ) -> None:
         self.target = tgt
@@ -240,6 +288,11 @@ class Heartbeat:
     def start(self) -> Heartbeat:
         self._thread.start()
         return self
+
+    @property
+    def in_cluster(self) -> bool:
+        """It renews a Lease on the API server (this process is a pod), not `plrl run`'s file."""
+        return self.target.local_dir is None
 
     def beat(self) -> bool:
         """Renew the Lease once with a fresh report; False (logged) if that failed. Not reentrant."""
@@ -298,6 +351,8 @@ def start(
     tgt = target(cfg, ident)
     if tgt is None:
         return None
+    if tgt.local_dir is not None:
+        return Heartbeat(tgt, report, _LocalFile(pathlib.Path(tgt.local_dir))).start()
     try:
         api = _Api.from_env(env, sa_dir)
     except Exception as err:  # e.g. automountServiceAccountToken: false; training goes on unobserved

@@ -1,4 +1,5 @@
-"""How a worker whose work is done ends: at once under `plrl run`, on SIGTERM in a pod.
+"""How a worker ends: when its work is done (at once under `plrl run`, on SIGTERM in a pod), and
+within a bounded time of SIGTERM whatever it is doing.
 
 Worker pods belong to StatefulSets, whose pods always have `restartPolicy: Always`: a worker that
 exited 0 after the last step would be started again by its kubelet (and every such restart would
@@ -15,16 +16,51 @@ renewed meanwhile), the operator's `policy.decide` (Finish) and `render` (replic
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
+from collections.abc import Callable
 
+from plrl_api import names
 from plrl_workers import heartbeat
 
 log = logging.getLogger("plrl.lifecycle")
 
+EXIT_RESTART_ME = names.EXIT_RESTART_ME  # lost the coordinator or replaced: restart, not charged
+
 
 def park(beat: heartbeat.Heartbeat | None, stop: threading.Event, what: str) -> None:
-    """In a pod (`beat` is its running Lease renewal): wait for `stop` (SIGTERM). Otherwise return."""
-    if beat is None or stop.is_set():
+    """In a pod (`beat` renews its Lease on the API server): wait for `stop` (SIGTERM). Otherwise
+    return."""
+    if beat is None or not beat.in_cluster or stop.is_set():
         return
     log.info("%s; waiting for the operator to stop this pod", what)
     stop.wait()
+
+
+# A worker told to stop gets this long to wind down (drain rollouts, leave the weight group) before
+# it kills itself: one blocked on a dead peer (a collective, a coordinator that is gone) must not
+# outlive its controller. Below the pods' terminationGracePeriodSeconds, so it fires first there too.
+TERM_GRACE_S = 20.0
+
+
+def on_sigterm(stop: Callable[[], None], grace_s: float = TERM_GRACE_S) -> None:
+    """On SIGTERM call `stop` (from the main thread, as signal handlers run), and if the process is
+    still alive `grace_s` later, end it and its children hard."""
+
+    def handler(signum: int, _frame: object) -> None:
+        stop()
+        timer = threading.Timer(grace_s, _die, args=(grace_s,))
+        timer.daemon = True
+        timer.start()
+        signal.signal(signal.SIGTERM, lambda *_: None)  # a second SIGTERM changes nothing
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _die(grace_s: float) -> None:
+    log.error("still running %.0f s after SIGTERM; exiting hard", grace_s)
+    logging.shutdown()
+    if os.getpgrp() == os.getpid():  # leader of its own group (plrl run): take the children along
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os._exit(EXIT_RESTART_ME)

@@ -153,6 +153,8 @@ class Registration:
     samples_per_prompt: int
     lease_timeout_s: float
     session: str
+    incarnation: str = ""
+    """This registration's fencing token: lease requests and the control stream carry it."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -237,6 +237,25 @@ class Coordination:
         self.metrics_endpoint.close()
 
 
+def forget_steps_after(metrics_file: pathlib.Path, step: int) -> int:
+    """Drop the rows of steps after `step` (the checkpoint a restart resumed from): the model forgot
+    them and trains those steps again, so the file keeps one row per step of the final model's
+    history. Returns how many rows were dropped."""
+    if not metrics_file.exists():
+        return 0
+    rows = records.read_step_records(metrics_file.read_text())
+    kept = [r for r in rows if r.step <= step]
+    if len(kept) == len(rows):
+        return 0
+    tmp = metrics_file.with_suffix(".tmp")
+    tmp.write_text("".join(r.to_json() + "\n" for r in kept))
+    tmp.replace(metrics_file)
+    log.info(
+        "resumed at step %d: forgot %d later step row(s) of %s", step, len(rows) - len(kept), metrics_file
+    )
+    return len(rows) - len(kept)
+
+
 def _broadcast_groups(groups: list[protocol.RolloutGroup] | None, rank: int) -> list[protocol.RolloutGroup]:
     box: list[Any] = [groups if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
@@ -296,10 +315,13 @@ class TrainLoop:
         self.hub = Coordination(cfg, ident, state, budget, stop) if ranks.rank == 0 else None
         if self.hub is not None:
             self.hub.coord.finish_step(self.engine.version)
+            if self.hub.run_dir is not None:
+                forget_steps_after(self.hub.run_dir / records.METRICS_FILE, self.step)
         self.rl_cfg = rl_step.RLConfig.from_spec(spec)
         self.closing = False
-        # One Lease per pod, so only its first rank renews it (a no-op outside a cluster).
-        self.heartbeat = heartbeat.start(cfg, ident, self.heartbeat_report) if ranks.local_rank == 0 else None
+        # One Lease per pod, so only its first rank renews it; under `plrl run` every process beats.
+        one_per_pod = ranks.local_rank == 0 or ident.pod_name is None
+        self.heartbeat = heartbeat.start(cfg, ident, self.heartbeat_report) if one_per_pod else None
 
     @property
     def done(self) -> bool:
@@ -432,5 +454,5 @@ def main(cfg: worker_config.WorkerConfig, ident: identity.Identity, argv: list[s
         level=logging.INFO, format=f"%(asctime)s rank{ranks.rank} %(name)s %(levelname)s %(message)s"
     )
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    lifecycle.on_sigterm(stop.set)
     return train(cfg, ident, ranks, stop)

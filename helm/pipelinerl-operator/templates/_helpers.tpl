@@ -24,8 +24,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/*
-The rules the operator needs in every namespace it watches. Nothing is deleted by the operator
-(children are garbage-collected through owner references), so no "delete" verb anywhere.
+The rules the operator needs in every namespace it watches. Children are garbage-collected
+through owner references, so "delete" appears once: on pods, for replacing a hung worker (its
+process is alive, so its kubelet would never restart it).
 Worker Roles it creates grant Lease access, and RBAC only lets it grant what it holds: hence the
 Lease verbs beyond the list/watch its own cache needs.
 */}}
@@ -53,7 +54,7 @@ Lease verbs beyond the list/watch its own cache needs.
   verbs: [get, list, create, patch]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch]
+  verbs: [list, watch, delete]
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [get, list, watch, create, update, patch]

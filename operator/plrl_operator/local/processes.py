@@ -2,13 +2,17 @@
 
 Each worker runs in its own session (process group) so that a terminal's Ctrl-C reaches only
 `plrl run`, which then stops every group it started, children of children included (vLLM's engine
-core, DeepSpeed's helpers). Neighbours: `local.runner` (decides what to run and, through
-`policy.decide`, what a death means).
+core, DeepSpeed's helpers). Should `plrl run` itself be killed (SIGKILL, no chance to stop
+anything), the kernel sends each worker SIGTERM (the parent-death signal), and a worker ends within
+its SIGTERM grace period (`plrl_workers.lifecycle.on_sigterm`), so no process outlives the run.
+
+Neighbours: `local.runner` (decides what to run and, through `policy.decide`, what a death means).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import logging
 import os
@@ -41,6 +45,8 @@ class Running:
     proc: subprocess.Popen[bytes]
     started_at: float
     restarts: int = 0
+    started_wall: float = dataclasses.field(default_factory=time.time)
+    """Wall-clock start (what heartbeat times are compared with)."""
 
     @property
     def instance(self) -> str:
@@ -66,6 +72,7 @@ class Supervisor:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_term_when_parent_dies,
         )
         logf.close()
         r = Running(spec=spec, proc=proc, started_at=time.monotonic(), restarts=restarts)
@@ -111,6 +118,15 @@ class Supervisor:
     def _kill_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _term_when_parent_dies() -> None:
+    """Between fork and exec: have the kernel SIGTERM the child when `plrl run` exits (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 def python_module(module: str, *args: str) -> tuple[str, ...]:

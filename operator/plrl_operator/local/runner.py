@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import json
 import logging
 import os
 import pathlib
@@ -33,16 +35,18 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from plrl_api import names, plan, worker_config
+from plrl_api import names, plan, records, worker_config
 from plrl_api import spec as spec_mod
 from plrl_operator import jobfile
-from plrl_operator.local import devices, processes, report
-from plrl_operator.policy import decide
+from plrl_operator.local import chaos, chaos_report, devices, processes, report
+from plrl_operator.policy import decide, health
 
 log = logging.getLogger("plrl.run")
 
 PROGRESS_EVERY_S = 5.0
+LOOK_EVERY_S = 0.5  # how often the processes, heartbeats and records are looked at
 LOOPBACK = "127.0.0.1"
+CHAOS_FILE = "chaos.json"  # with --chaos: the faults injected and the restarts they caused
 LOG_TAIL_LINES = 15
 
 
@@ -157,11 +161,17 @@ def process_specs(
 
     gpt = pod_plan.gpus_per_trainer
     out = [
-        spec(names.TRAINER, f"trainer-{rank}", rank // gpt, rank % gpt, gpus.trainers[rank])
+        spec(
+            names.TRAINER,
+            names.local_process(names.TRAINER, rank),
+            rank // gpt,
+            rank % gpt,
+            gpus.trainers[rank],
+        )
         for rank in range(pod_plan.trainer_gpus)
     ]
     out += [
-        spec(names.GENERATOR, f"generator-{k}", k, None, gpus.generators[k])
+        spec(names.GENERATOR, names.local_process(names.GENERATOR, k), k, None, gpus.generators[k])
         for k in range(pod_plan.generator_pods)
     ]
     return out
@@ -225,14 +235,42 @@ class Launch:
         return process_specs(self.pod_plan, self.configs(), self.token, self.run_dir, self.gpus)
 
 
-def observe(sup: processes.Supervisor) -> decide.Observation:
+def _renewed(run_dir: pathlib.Path, name: str) -> datetime.datetime | None:
+    try:
+        lease = json.loads((run_dir / records.HEARTBEAT_DIR / f"{name}.json").read_text())
+        return datetime.datetime.fromisoformat(str(lease["spec"]["renewTime"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none yet, or being replaced this instant: the next look sees it
+
+
+def observe(
+    sup: processes.Supervisor,
+    run_dir: pathlib.Path,
+    heartbeat: spec_mod.HeartbeatSpec,
+    now: datetime.datetime | None = None,
+) -> decide.Observation:
     """The processes as `policy.decide` sees them. Trainer rank 0 exits 0 only once the last step
-    is trained and checkpointed (or when told to stop, which only this runner does)."""
+    is trained and checkpointed (or when told to stop, which only this runner does). A running
+    process whose heartbeat file has not been renewed for `heartbeat.timeoutSeconds` is hung
+    (stopped, deadlocked) and needs a restart like a dead one."""
+    now = now or datetime.datetime.now(datetime.UTC)
     workers = []
     exited = sup.exited()
     for name, r in sorted(sup.running.items()):
         code = exited.get(name)
         failed = code is not None and code != 0
+        detail = f"last lines of {r.spec.log_path}:\n{_tail(r.spec.log_path)}" if failed else ""
+        if code is None:
+            started = datetime.datetime.fromtimestamp(r.started_wall, datetime.UTC)
+            renewed = _renewed(run_dir, name)
+            beat = health.Beat(name, True, started, renewed)
+            if health.classify(beat, now, heartbeat.timeout_seconds) is health.Health.STALE:
+                assert renewed is not None
+                failed = True
+                detail = (
+                    f"no heartbeat for {(now - renewed).total_seconds():.1f} s "
+                    f"(spec.heartbeat.timeoutSeconds={heartbeat.timeout_seconds:g}): hung or stopped"
+                )
         workers.append(
             decide.Worker(
                 name=name,
@@ -241,21 +279,47 @@ def observe(sup: processes.Supervisor) -> decide.Observation:
                 running=code is None,
                 exit_code=code,
                 needs_restart=failed,
-                detail=f"last lines of {r.spec.log_path}:\n{_tail(r.spec.log_path)}" if failed else "",
+                detail=detail,
             )
         )
     return decide.Observation(workers=tuple(workers), finished=exited.get("trainer-0") == 0)
 
 
 class Controller:
-    """`plrl run`'s loop over one job's processes."""
+    """`plrl run`'s loop over one job's processes (and, with `--chaos`, the faults put into them)."""
 
-    def __init__(self, launch: Launch, sup: processes.Supervisor, quiet: bool) -> None:
+    def __init__(
+        self,
+        launch: Launch,
+        sup: processes.Supervisor,
+        quiet: bool,
+        faults: chaos.Schedule | None = None,
+    ) -> None:
         self.launch, self.sup, self.quiet = launch, sup, quiet
+        self.faults = faults
         self.history = decide.History()
         self.peak = PeakMemory()
         self._shown_rows = len(report.read_records(launch.run_dir))
         self._last_print = 0.0
+        self._t0 = 0.0  # when the processes first started: the clock of chaos.json
+        self._step: int | None = None  # the latest trained step seen
+        self.restarts: list[dict[str, object]] = []
+        """Each restart: seconds since the processes started, the worker, the policy's reason."""
+        self.progress: list[tuple[float, int | None]] = []
+        """(seconds since the processes started, latest step) at every change the runner saw."""
+
+    def _pid(self, name: str) -> int | None:
+        r = self.sup.running.get(name)
+        return r.proc.pid if r is not None and r.proc.poll() is None else None
+
+    def _inject(self, actions: Sequence[chaos.Action]) -> None:
+        for action in actions:
+            chaos.apply(action, self._pid)
+
+    def end_faults(self) -> None:
+        """SIGCONT whatever the chaos stopped, so the final SIGTERM reaches it."""
+        if self.faults is not None:
+            self._inject(self.faults.end())
 
     def start(self) -> None:
         for spec in self.launch.specs():
@@ -264,23 +328,52 @@ class Controller:
     def run(self) -> int:
         """Until the job finishes (0) or fails (RunError)."""
         self.start()
+        self._t0 = time.monotonic()
         if not self.quiet:
             print(report.PROGRESS_LEGEND, flush=True)
         spec = self.launch.job.spec
+        next_look = 0.0
         while True:
-            self._progress()
-            verdict = decide.decide(spec, observe(self.sup), self.history)
-            self.history = verdict.history
-            for d in verdict.decisions:
-                if isinstance(d, decide.Finish):
-                    return 0
-                if isinstance(d, decide.Fail):
-                    raise RunError(d.reason)
-                self._restart(d)
-            self.peak.sample(self.sup)
-            time.sleep(0.5)
+            if time.monotonic() >= next_look:
+                rows = self._progress()
+                observed = observe(self.sup, self.launch.run_dir, spec.heartbeat)
+                verdict = decide.decide(spec, observed, self.history)
+                self.history = verdict.history
+                whole_job = False  # a trainer's restart restarts every process
+                for d in verdict.decisions:
+                    if isinstance(d, decide.Finish):
+                        return 0
+                    if isinstance(d, decide.Fail):
+                        raise RunError(d.reason)
+                    if whole_job:  # already started again with the rest of the job
+                        continue
+                    whole_job = d.role == names.TRAINER
+                    self._restart(d)
+                self.peak.sample(self.sup)
+                step = rows[-1].step if rows else None
+                if step != self._step:
+                    self.progress.append((round(time.monotonic() - self._t0, 3), step))
+                self._step = step
+                next_look = time.monotonic() + LOOK_EVERY_S
+            time.sleep(self._tick())
+
+    def _tick(self) -> float:
+        """Inject the faults due now; how long to sleep until the next look or timed fault."""
+        until_look = LOOK_EVERY_S
+        if self.faults is None:
+            return until_look
+        elapsed = time.monotonic() - self._t0
+        self._inject(self.faults.due(self._step, elapsed))
+        at = self.faults.next_at(elapsed)
+        return until_look if at is None else min(until_look, max(0.005, at - elapsed))
 
     def _restart(self, d: decide.Restart) -> None:
+        elapsed = round(time.monotonic() - self._t0, 3)
+        self.restarts.append({"elapsed_s": elapsed, "worker": d.worker, "reason": d.reason})
+        if self.faults is not None:  # a restarted process starts free of its predecessor's faults
+            targets = [d.worker] if d.role == names.GENERATOR else list(self.sup.running)
+            for name in targets:
+                self._inject(self.faults.forget(name))
         if d.role == names.GENERATOR:
             print(f"{d.reason}; restarting it", flush=True)
             self.sup.restart(d.worker)
@@ -294,14 +387,16 @@ class Controller:
         for spec in self.launch.specs():
             self.sup.start(spec, restarts=restarted.get(spec.name, 0))
 
-    def _progress(self) -> None:
-        if self.quiet or time.monotonic() - self._last_print < PROGRESS_EVERY_S:
-            return
+    def _progress(self) -> list[records.StepRecord]:
+        """The run's records so far; prints a progress line every `PROGRESS_EVERY_S`."""
         rows = report.read_records(self.launch.run_dir)
+        if self.quiet or time.monotonic() - self._last_print < PROGRESS_EVERY_S:
+            return rows
         if rows and len(rows) > self._shown_rows:
             print(report.progress_line(rows[-1], self.launch.job.spec.training.total_steps), flush=True)
             self._last_print = time.monotonic()
             self._shown_rows = len(rows)
+        return rows
 
 
 class PeakMemory:
@@ -323,12 +418,28 @@ class PeakMemory:
         self.peak_bytes = max(self.peak_bytes, total)
 
 
+def process_names(pod_plan: plan.PodPlan) -> list[str]:
+    """The names `process_specs` gives the job's processes."""
+    return [names.local_process(names.TRAINER, r) for r in range(pod_plan.trainer_gpus)] + [
+        names.local_process(names.GENERATOR, k) for k in range(pod_plan.generator_pods)
+    ]
+
+
 def run(
-    job_path: pathlib.Path, run_dir: pathlib.Path, quiet: bool = False, overrides: Sequence[str] = ()
+    job_path: pathlib.Path,
+    run_dir: pathlib.Path,
+    quiet: bool = False,
+    overrides: Sequence[str] = (),
+    chaos_plan: chaos.ChaosPlan | None = None,
 ) -> int:
     job = jobfile.load_job(job_path, overrides)  # raises before anything starts
     job_dir = job_path.parent.resolve()
     pod_plan = plan.PodPlan.of(job.spec, decide.current_generators(job.spec, None))
+    faults = (
+        None
+        if chaos_plan is None
+        else chaos.Schedule(chaos.resolve(chaos_plan, process_names(pod_plan), job.spec.training.total_steps))
+    )
     paths = local_paths(job, run_dir, job_dir)
     if job.spec.pipeline.mode is spec_mod.PipelineMode.HYBRID:
         raise RunError("spec.pipeline.mode=hybrid is not supported by plrl run yet (use pipeline)")
@@ -353,12 +464,20 @@ def run(
             "note: spec.pipeline.autoscale.enabled: plrl run does not rescale a running job yet", flush=True
         )
     sup = processes.Supervisor()
-    controller = Controller(launch, sup, quiet)
+    controller = Controller(launch, sup, quiet, faults)
     outcome: report.Outcome = "finished"
 
     def on_signal(signum: int, _frame: object) -> None:
+        # Once: the first Ctrl-C/SIGTERM unwinds to the stop below; later ones must not interrupt
+        # the stop itself (it ends with SIGKILL for whatever is left, so it is bounded anyway).
+        signal.signal(signal.SIGINT, on_repeat)
+        signal.signal(signal.SIGTERM, on_repeat)
         raise KeyboardInterrupt
 
+    def on_repeat(signum: int, _frame: object) -> None:
+        print("already stopping: workers still running get SIGKILL within 15 s", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     failure: RunError | None = None
     try:
@@ -368,7 +487,18 @@ def run(
     except RunError as err:
         outcome, code, failure = "failed", 1, err
     finally:
+        controller.end_faults()
         sup.stop()
+    if faults is not None:
+        injected = [i.model_dump(mode="json") for i in faults.injected]
+        doc = {"injected": injected, "restarts": controller.restarts, "progress": controller.progress}
+        (run_dir / CHAOS_FILE).write_text(json.dumps(doc, indent=1))
+        print(
+            f"chaos: {len(injected)} fault(s) injected, {controller.history.restarts} restart(s) charged; "
+            f"see {run_dir / CHAOS_FILE}"
+        )
+        for kind in chaos_report.by_kind(chaos_report.fault_costs(doc)):
+            print(f"chaos: {kind.line()}")
     rows = report.read_records(run_dir)
     summary = report.summarize(
         rows,
@@ -405,13 +535,21 @@ def main(argv: list[str]) -> int:
         help="override a field of the job file, validated like the file: e.g. "
         "--set spec.training.batchSize=64 (repeatable; a resumed run must be given the same overrides)",
     )
+    ap.add_argument(
+        "--chaos",
+        metavar="SPEC",
+        help="inject faults to watch the job recover, e.g. kill:generator-0@step=20,"
+        "stop:trainer-1@step=40:30s,slow:generator-1@step=10:4x, or random:N[:seed=S] "
+        "(see plrl_operator/local/chaos.py)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     overrides = [*args.set, *([f"spec.training.totalSteps={args.steps}"] if args.steps is not None else [])]
     try:
+        chaos_plan = chaos.parse(args.chaos) if args.chaos is not None else None
         job_name = jobfile.load_job(args.job, overrides).metadata.name
         run_dir = (args.run_dir or pathlib.Path("runs") / job_name).resolve()
-        return run(args.job, run_dir, args.quiet, overrides)
-    except (spec_mod.JobFileError, RunError) as err:
+        return run(args.job, run_dir, args.quiet, overrides, chaos_plan)
+    except (spec_mod.JobFileError, chaos.ChaosError, RunError) as err:
         print(f"plrl run: {err}", file=sys.stderr)
-        return 2 if isinstance(err, spec_mod.JobFileError) else 1
+        return 1 if isinstance(err, RunError) else 2

@@ -6,9 +6,14 @@ process operations). A decision is plain data:
 
 - `Restart(worker)`: a worker failed and the restart budget allows another try. Where the platform
   restarts it by itself (a kubelet restarting a crashed container) the decision only records it
-  (`by_platform`); `plrl run` restarts the process (for a trainer: every process of the job, which
-  resumes from the latest checkpoint). Every restart counts against
-  `spec.failurePolicy.maxRestarts`.
+  (`by_platform`); otherwise the controller replaces it: `plrl run` restarts the process (for a
+  trainer: every process of the job, which resumes from the latest checkpoint), the operator
+  deletes a hung pod (its heartbeat went stale) so its StatefulSet creates a new one. Every restart
+  counts against `spec.failurePolicy.maxRestarts`, once: a replacement decided before a controller
+  restart and not yet carried out (the hung pod is still there) comes back as `repeat`, to be carried
+  out again without being counted or announced again. A worker that exited
+  `names.EXIT_RESTART_ME` (it lost its coordinator, or a newer process took its name) is restarted
+  free: the failure that caused it is the one charged.
 - `Fail(reason)`: a worker failed with the budget used up; the job ends `Failed`, the reason names
   the worker, how it failed and, where known, its last log lines.
 - `Finish(reason)`: trainer rank 0 reported the last step trained and checkpointed.
@@ -73,6 +78,8 @@ class History:
     outcome: Outcome | None = None
     reason: str = ""
     """Why the job reached `outcome`."""
+    replacing: frozenset[str] = frozenset()
+    """Instances this controller decided to replace (and counted) that were still there then."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +89,8 @@ class Restart:
     reason: str
     by_platform: bool
     """The platform already restarted it; the controller only records the restart."""
+    repeat: bool = False
+    """Decided (and counted) earlier; the replacement is still to be carried out."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +114,10 @@ class Verdict:
 
 
 def _failure(w: Worker) -> str:
-    how = f"exited with code {w.exit_code}" if w.exit_code is not None else "failed"
+    if w.running:
+        how = "stopped responding"  # alive but silent: its heartbeat went stale
+    else:
+        how = f"exited with code {w.exit_code}" if w.exit_code is not None else "failed"
     return f"{w.role} {w.name} {how}" + (f": {w.detail}" if w.detail else "")
 
 
@@ -122,11 +134,23 @@ def decide(spec: spec_mod.JobSpec, observed: Observation, history: History) -> V
     restarts = history.restarts
     counted = {w.instance: history.counted.get(w.instance, 0) for w in observed.workers}
     out: list[Decision] = []
+    replacing = {w.instance for w in observed.workers if w.instance in history.replacing and w.needs_restart}
     for w in sorted(observed.workers, key=lambda w: (w.role != names.TRAINER, w.name)):
         failures = [True] * max(0, w.platform_restarts - counted[w.instance])
-        if w.needs_restart:
+        if w.needs_restart and w.instance in history.replacing:
+            out.append(
+                Restart(w.name, w.role, f"{_failure(w)}; replacing it", by_platform=False, repeat=True)
+            )
+        elif w.needs_restart:
             failures.append(False)
         counted[w.instance] = max(counted[w.instance], w.platform_restarts)
+        if w.exit_code == names.EXIT_RESTART_ME and failures:
+            # It lost its coordinator (or was replaced): a consequence of a failure charged on its
+            # own, so it is restarted free. Only its latest exit is known: if several restarts
+            # happened unseen, the others are charged.
+            free = failures.pop()
+            why = f"{w.role} {w.name} lost its coordinator or was replaced; restarted, not counted"
+            out.append(Restart(w.name, w.role, why, by_platform=free))
         for by_platform in failures:
             if restarts >= budget:
                 reason = f"{_failure(w)}; spec.failurePolicy.maxRestarts={budget} restarts are used up" + (
@@ -135,12 +159,14 @@ def decide(spec: spec_mod.JobSpec, observed: Observation, history: History) -> V
                 done = History(restarts, counted, Outcome.FAILED, reason)
                 return Verdict((*out, Fail(reason, w.name)), done)
             restarts += 1
+            if not by_platform:
+                replacing.add(w.instance)
             out.append(
                 Restart(
                     w.name, w.role, f"{_failure(w)}; restart {restarts}/{budget}", by_platform=by_platform
                 )
             )
-    return Verdict(tuple(out), History(restarts, counted))
+    return Verdict(tuple(out), History(restarts, counted, replacing=frozenset(replacing)))
 
 
 def current_generators(spec: spec_mod.JobSpec, in_effect: int | None) -> int:

@@ -2,14 +2,14 @@
 
 Cases: `helm lint` passes for the default, the namespaced and the minimal values; `helm template`
 renders the operator Deployment (non-root, read-only root, probes, the right flags), the metrics
-Service, least-privilege RBAC (no `delete` anywhere; Roles only in the listed namespaces when
-namespaced; nothing on webhook configurations) and the peering objects; the admission webhook is
-wired (a CA and a serving certificate for the webhook Service in a TLS Secret, mounted where the
-operator's flags read it; the Service; a ValidatingWebhookConfiguration that fails closed, with a
-short timeout, for PipelineRLJob creates and updates only, trusting that CA; scoped to the watched
-namespaces) and absent with `webhook.enabled=false`; after `helm install` the CRD is served
-(`kubectl explain` shows the descriptions from spec.py) and the chart's ServiceAccount may do what
-the operator needs and no more.
+Service, least-privilege RBAC (`delete` only on pods, to replace a hung worker; Roles only in the
+listed namespaces when namespaced; nothing on webhook configurations) and the peering objects; the
+admission webhook is wired (a CA and a serving certificate for the webhook Service in a TLS Secret,
+mounted where the operator's flags read it; the Service; a ValidatingWebhookConfiguration that fails
+closed, with a short timeout, for PipelineRLJob creates and updates only, trusting that CA; scoped
+to the watched namespaces) and absent with `webhook.enabled=false`; after `helm install` the CRD is
+served (`kubectl explain` shows the descriptions from spec.py) and the chart's ServiceAccount may do
+what the operator needs and no more.
 """
 
 from __future__ import annotations
@@ -72,7 +72,10 @@ def test_template_cluster_wide(helm: tools.Tool) -> None:
     assert svc["spec"]["ports"][0]["port"] == 9090
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     verbs = {v for rule in role["rules"] for v in rule["verbs"]}
-    assert "delete" not in verbs and "*" not in verbs, "children are garbage-collected; no delete needed"
+    assert "*" not in verbs
+    # Children are garbage-collected; the one delete is of a hung worker's pod.
+    deletes = [r for rule in role["rules"] if "delete" in rule["verbs"] for r in rule["resources"]]
+    assert deletes == ["pods"]
     resources = {r for rule in role["rules"] for r in rule["resources"]}
     assert {
         "pipelinerljobs",
@@ -178,6 +181,7 @@ def test_installed_crd_and_service_account_permissions(chart: support.Chart, kub
     assert can("create", "leases.coordination.k8s.io") == "yes"
     assert can("delete", "statefulsets.apps") == "no"
     assert can("delete", "pipelinerljobs.pipelinerl.io") == "no"
+    assert can("delete", "pods") == "yes"  # a hung worker's, to replace it
     assert can("get", "secrets") == "no"
     assert can("create", "pods") == "no"
     assert can("create", "validatingwebhookconfigurations.admissionregistration.k8s.io") == "no"

@@ -137,18 +137,17 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     saved = checkpoint.read_meta(latest)
     assert saved.step < total
     metrics = run_dir / records.METRICS_FILE
-    lines_before = len(records.read_step_records(metrics.read_text()))
+    before = records.read_step_records(metrics.read_text())
 
     second = plrl("run", str(job), "--run-dir", str(run_dir))
     assert second.returncode == 0, second.stdout + second.stderr
     assert "resuming" in second.stdout
-    appended = [row.step for row in records.read_step_records(metrics.read_text())[lines_before:]]
-    # It continues right after the checkpoint (steps done after it are done again) ...
-    assert appended == list(range(saved.step + 1, total + 1))
-    # ... and what is read back is the final model's history: every step once, the re-trained ones
-    # as they were trained the second time.
-    history = report.read_records(run_dir)
-    assert [row.step for row in history] == list(range(1, total + 1))
-    assert history[saved.step :] == records.read_step_records(metrics.read_text())[lines_before:]
+    # It continues right after the checkpoint: the steps trained after it were forgotten with the
+    # model (their rows dropped from metrics.jsonl) and trained again, so the file is the final
+    # model's history, every step once.
+    after = records.read_step_records(metrics.read_text())
+    assert [row.step for row in after] == list(range(1, total + 1))
+    assert after[: saved.step] == before[: saved.step]
+    assert report.read_records(run_dir) == after
     a = _accounting(run_dir)
     assert a.issued == a.trained + a.dropped_by_lag and a.outstanding == 0

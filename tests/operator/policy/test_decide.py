@@ -2,12 +2,14 @@
 
 Cases: a finished report ends the job once (and a terminal history decides nothing more); a dead
 generator is restarted and counted; a dead trainer is restarted (its role says so); platform
-restarts (a kubelet's restartCount) are counted once, across looks and across a controller
-restart that reads the history back; the budget `failurePolicy.maxRestarts` is exact: the
-(max+1)-th failure fails the job with a reason naming the worker, its exit code and its detail;
-`maxRestarts: 0` fails on the first failure; several failures in one look are counted in order,
-trainers first; a worker that exited 0 is not a failure; `current_generators` keeps an I that
-still tiles and falls back to the planner when it does not; conventional mode has no generators.
+restarts (a kubelet's restartCount) are counted once, across looks and across a controller restart
+that reads the history back; the budget `failurePolicy.maxRestarts` is exact: the (max+1)-th failure
+fails the job with a reason naming the worker, its exit code and its detail; `maxRestarts: 0` fails
+on the first failure; several failures in one look are counted in order, trainers first; a worker
+that exited 0 is not a failure; a hung pod is replaced and counted once across a controller restart
+(`repeat`); a worker that only lost its coordinator is restarted free; `current_generators` keeps an
+I that still tiles and falls back to the planner when it does not; conventional mode has no
+generators.
 """
 
 from __future__ import annotations
@@ -39,9 +41,18 @@ def _worker(name: str, role: names.Role = "generator", **kw: object) -> decide.W
     return decide.Worker(name=name, role=role, **fields)  # type: ignore[arg-type]
 
 
-def _crashed(name: str, role: names.Role = "generator", code: int = 1) -> decide.Worker:
-    """A `plrl run` process that exited with `code` (only its controller can start it again)."""
-    return _worker(name, role, running=False, exit_code=code, needs_restart=True, detail="boom")
+def _crashed(name: str, role: names.Role = "generator", code: int = 1, start: int = 0) -> decide.Worker:
+    """A `plrl run` process that exited with `code` (only its controller can start it again);
+    `start` counts its restarts (each restart is a new instance)."""
+    return _worker(
+        name,
+        role,
+        instance=f"{name}#{start}",
+        running=False,
+        exit_code=code,
+        needs_restart=True,
+        detail="boom",
+    )
 
 
 def test_a_finished_job_is_finished_once() -> None:
@@ -88,10 +99,13 @@ def test_platform_restarts_are_counted_once_even_across_a_controller_restart() -
 def test_the_restart_budget_is_exact(budget: int) -> None:
     history = decide.History()
     for attempt in range(budget):
-        v = decide.decide(_spec(budget), decide.Observation(workers=(_crashed("g0"),)), history)
+        v = decide.decide(
+            _spec(budget), decide.Observation(workers=(_crashed("g0", start=attempt),)), history
+        )
         assert [type(d) for d in v.decisions] == [decide.Restart], attempt
         history = v.history
-    v = decide.decide(_spec(budget), decide.Observation(workers=(_crashed("g0", code=3),)), history)
+    last = _crashed("g0", code=3, start=budget)
+    v = decide.decide(_spec(budget), decide.Observation(workers=(last,)), history)
     (fail,) = v.decisions
     assert isinstance(fail, decide.Fail) and fail.worker == "g0"
     assert fail.reason.startswith("generator g0 exited with code 3: boom; ")
@@ -119,3 +133,40 @@ def test_generators_in_effect_are_kept_while_they_tile() -> None:
     assert decide.current_generators(_spec(), 1) == 2  # the spec's I wins
     conventional = spec.JobSpec.model_validate({**MODEL, "pipeline": {"mode": "conventional"}})
     assert decide.current_generators(conventional, 3) == 0
+
+
+def test_a_hung_pod_is_replaced_and_counted_once_across_a_controller_restart() -> None:
+    """A running pod whose heartbeat went stale: replaced (not by the platform: the kubelet sees a
+    live process). Should the controller restart before the pod is gone, the decision read back from
+    the history is carried out again, but not counted or announced again."""
+    hung = _worker("gen-0", instance="uid-a", needs_restart=True, detail="no heartbeat for 9 s")
+    v = decide.decide(_spec(), decide.Observation(workers=(hung,)), decide.History())
+    (d,) = v.decisions
+    assert isinstance(d, decide.Restart) and not d.by_platform and not d.repeat
+    assert d.reason == "generator gen-0 stopped responding: no heartbeat for 9 s; restart 1/3"
+    assert v.history.restarts == 1 and v.history.replacing == {"uid-a"}
+    again = decide.decide(_spec(), decide.Observation(workers=(hung,)), v.history)
+    (d2,) = again.decisions
+    assert isinstance(d2, decide.Restart) and d2.repeat and d2.worker == "gen-0"
+    assert again.history.restarts == 1
+    # Once it is gone (its replacement has a new uid) nothing is remembered of it.
+    fresh = _worker("gen-0", instance="uid-b")
+    after = decide.decide(_spec(), decide.Observation(workers=(fresh,)), again.history)
+    assert after.decisions == () and after.history.replacing == frozenset()
+    assert after.history.restarts == 1
+
+
+def test_a_worker_that_only_lost_its_coordinator_is_restarted_free() -> None:
+    """The trainer died; its generators exit `EXIT_RESTART_ME`. Only the trainer is charged."""
+    lost = _crashed("g0", code=names.EXIT_RESTART_ME)
+    obs = decide.Observation(workers=(_crashed("t0", "trainer"), lost))
+    v = decide.decide(_spec(1), obs, decide.History())
+    assert [type(d) for d in v.decisions] == [decide.Restart, decide.Restart]
+    assert v.history.restarts == 1
+    assert "not counted" in v.decisions[1].reason
+    # In a cluster: the kubelet restarted it (restartCount 1, last exit 75): recorded, not charged.
+    pod = _worker("g1", instance="uid-g1", exit_code=names.EXIT_RESTART_ME, platform_restarts=1)
+    v = decide.decide(_spec(0), decide.Observation(workers=(pod,)), decide.History())
+    (d,) = v.decisions
+    assert isinstance(d, decide.Restart) and d.by_platform and v.history.restarts == 0
+    assert v.history.counted == {"uid-g1": 1}

@@ -6,7 +6,9 @@ future versions) are each refused with their status inside one stream, which kee
 server keeps serving; lease -> submit -> take returns exactly what was sent; backpressure reaches the
 generator as RESOURCE_EXHAUSTED, and `RolloutStream` re-sends until every group is in; the control
 stream delivers weight announcements, pull hints and stop; the full-weights pull is bit-exact and
-refuses versions it does not have.
+refuses versions it does not have; a generator replaced under its id is fenced out (no leases, no
+control stream, its late rollouts refused); one that goes away has its prompts re-queued at once;
+streams that end because the job stops re-queue nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from plrl_workers.rpc import client, convert, rollout_stream, server
 from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
 from plrl_workers.weight_sync import snapshot
+from tests.polling import eventually
 
 TOKEN = "s3cret-job-token"
 G = 3
@@ -280,3 +283,78 @@ def test_rollout_stream_resends_on_backpressure_until_every_group_is_in(
         [(x.lease_id, protocol.Code.OK) for x in leases] + [("not-a-lease", protocol.Code.NOT_FOUND)]
     )
     assert coord.stats().refused.get("RESOURCE_EXHAUSTED", 0) > 0  # backpressure did happen
+
+
+def test_a_replaced_generator_is_fenced_out(srv: server.Server, coord: coordinator.Coordinator) -> None:
+    """Two processes under one generator id (a hung pod that comes back after its replacement
+    registered): the newer registration wins; the older one can lease nothing, its control stream
+    ends, and its leases are back in the queue, so its late rollouts are refused."""
+    target = f"127.0.0.1:{srv.port}"
+    with client.CoordinatorClient(target, TOKEN) as old, client.CoordinatorClient(target, TOKEN) as new:
+        first = old.register("gen-0")
+        (lease,) = old.lease_prompts("gen-0", 1).leases
+        stream = iter(old.control("gen-0"))
+        eventually(lambda: coord.stats().control_streams == 1, what="the old process's control stream")
+        second = new.register("gen-0")
+        assert second.incarnation != first.incarnation
+        with pytest.raises(StopIteration):
+            next(stream)  # the old process's control stream is over
+        with pytest.raises(grpc.RpcError) as refused:
+            old.lease_prompts("gen-0", 1)
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "was replaced" in str(refused.value.details())
+        with pytest.raises(grpc.RpcError) as refused:
+            next(iter(old.control("gen-0")))
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        (late,) = old.submit([group_for(lease)])
+        assert late.code is protocol.Code.FAILED_PRECONDITION and "re-queued" in late.message
+        # The replacement gets the prompt the old one held.
+        (again,) = new.lease_prompts("gen-0", 1).leases
+        assert again.prompt.prompt_id == lease.prompt.prompt_id
+        a = coord.stats().accounting
+        assert (a.issued, a.leased, a.balanced) == (1, 1, True)
+
+
+def test_a_generator_that_goes_away_has_its_prompts_requeued_at_once(
+    srv: server.Server, coord: coordinator.Coordinator
+) -> None:
+    """The process dies (here: its channel closes): the coordinator sees its control stream end and
+    re-queues its leases without waiting out `lease_timeout_s` (600 s here)."""
+    target = f"127.0.0.1:{srv.port}"
+    gone = client.CoordinatorClient(target, TOKEN)
+    gone.register("gen-0")
+    leased = gone.lease_prompts("gen-0", 3).leases
+    stream = gone.control("gen-0")
+    threading.Thread(target=lambda: list(_ignore_cancel(stream)), daemon=True).start()
+    eventually(lambda: coord.stats().control_streams == 1, what="the control stream")
+    assert coord.stats().accounting.leased == 3
+    gone.close()
+    eventually(lambda: coord.stats().accounting.requeued == 3, what="its leases re-queued")
+    s = coord.stats()
+    assert (s.accounting.requeued, s.accounting.leased, s.leases_revoked, s.generators) == (3, 0, 3, 0)
+    with client.CoordinatorClient(target, TOKEN) as other:
+        other.register("gen-1")
+        got = other.lease_prompts("gen-1", 3).leases
+    assert sorted(x.prompt.prompt_id for x in got) == sorted(x.prompt.prompt_id for x in leased)
+
+
+def test_streams_that_end_while_the_job_stops_requeue_nothing(
+    srv: server.Server, coord: coordinator.Coordinator
+) -> None:
+    target = f"127.0.0.1:{srv.port}"
+    with client.CoordinatorClient(target, TOKEN) as c:
+        c.register("gen-0")
+        c.lease_prompts("gen-0", 2)
+        stream = c.control("gen-0")
+        threading.Timer(0.3, coord.stop, args=("job finished",)).start()
+        events = list(stream)  # ends after the Stop
+    assert isinstance(events[-1], protocol.Stop)
+    s = coord.stats()
+    assert (s.accounting.leased, s.leases_revoked) == (2, 0)
+
+
+def _ignore_cancel(stream: client.ControlStream) -> Iterator[protocol.ControlEvent]:
+    try:
+        yield from stream
+    except grpc.RpcError:
+        return

@@ -38,11 +38,14 @@ class ControlHub:
             self._channels[generator_id] = channel
         return channel
 
-    def detach(self, generator_id: str, channel: Channel) -> None:
-        """Forget `channel` if it is still the generator's current one (a late detach is harmless)."""
+    def detach(self, generator_id: str, channel: Channel) -> bool:
+        """Forget `channel` if it is still the generator's current one (a late detach is harmless);
+        True if it was."""
         with self._lock:
             if self._channels.get(generator_id) is channel:
                 del self._channels[generator_id]
+                return True
+            return False
 
     def close(self, generator_id: str) -> None:
         with self._lock:

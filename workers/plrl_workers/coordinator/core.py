@@ -13,6 +13,13 @@ so `issued == trained + dropped_by_lag + leased + requeued + buffered + in_train
 ALREADY_EXISTS, a late submit of a lease that was re-queued is FAILED_PRECONDITION, so no prompt is
 trained twice.
 
+Generators are fenced by incarnation: every `register` of a generator id returns a new incarnation
+token and revokes the leases of the one before, and a lease request or control stream that carries
+an older token is refused (FAILED_PRECONDITION), so a process that was replaced (hung, then resumed;
+or a pod the kubelet thought dead) can neither lease prompts nor deliver rollouts again. A generator
+whose control stream ends without it being replaced (the process died, or its connection broke) is
+declared dead at once: its leases go back to the queue without waiting for `lease_timeout_s`.
+
 Backpressure: the rollout buffer holds `buffer_groups` groups. `submit` blocks up to `submit_wait_s`
 for space (while it blocks the gRPC stream is not read, so HTTP/2 flow control stalls the generator);
 after that it returns RESOURCE_EXHAUSTED and renews the lease, and the generator re-sends the same
@@ -114,6 +121,8 @@ class Coordinator:
         self._buffer: collections.deque[protocol.RolloutGroup] = collections.deque()
         self._in_training: list[protocol.RolloutGroup] = []
         self._generators: dict[str, set[str]] = {}  # generator id -> its lease ids
+        self._incarnations: dict[str, str] = {}  # generator id -> its current registration's token
+        self._registrations = itertools.count(1)
         self._control = control.ControlHub()
         self._expired = self._revoked = 0
         self._refused: collections.Counter[str] = collections.Counter()
@@ -123,7 +132,8 @@ class Coordinator:
     # ---- generators ------------------------------------------------------------------------
 
     def register(self, generator_id: str) -> protocol.Registration:
-        """Admit a generator; a known id is a replaced process: its old leases are re-queued."""
+        """Admit a generator under a new incarnation; a known id is a replaced process: its old leases
+        are re-queued and its old incarnation is refused from now on."""
         if not generator_id:
             raise protocol.Refused(protocol.Code.INVALID_ARGUMENT, "generator_id must not be empty")
         with self._cond:
@@ -131,17 +141,44 @@ class Coordinator:
                 self._revoke_locked(generator_id, "re-registered (replaced)")
                 self._control.close(generator_id)  # the old process's stream, if still open
             self._generators[generator_id] = set()
-            log.info("generator %s registered", generator_id)
+            incarnation = f"{self._session}.{next(self._registrations)}"
+            self._incarnations[generator_id] = incarnation
+            log.info("generator %s registered (incarnation %s)", generator_id, incarnation)
             return protocol.Registration(
-                self._version, self.config.samples_per_prompt, self.config.lease_timeout_s, self._session
+                self._version,
+                self.config.samples_per_prompt,
+                self.config.lease_timeout_s,
+                self._session,
+                incarnation,
             )
 
-    def generator_dead(self, generator_id: str, reason: str = "declared dead") -> None:
-        """Forget a generator: its leases are re-queued, its control stream ends."""
+    def _check_incarnation_locked(self, generator_id: str, incarnation: str | None) -> None:
+        """Refuse a caller that is not `generator_id`'s current registration (None: in-process caller
+        that does not fence)."""
+        if generator_id not in self._generators:
+            raise protocol.Refused(
+                protocol.Code.FAILED_PRECONDITION, f"generator {generator_id!r} is not registered"
+            )
+        current = self._incarnations.get(generator_id)
+        if incarnation is not None and incarnation != current:
+            raise protocol.Refused(
+                protocol.Code.FAILED_PRECONDITION,
+                f"generator {generator_id!r} incarnation {incarnation or '(none)'} was replaced by "
+                f"{current}; this process must exit",
+            )
+
+    def generator_dead(
+        self, generator_id: str, reason: str = "declared dead", incarnation: str | None = None
+    ) -> None:
+        """Forget a generator (only if `incarnation`, when given, is still its current one): its
+        leases are re-queued, its control stream ends, its incarnation is refused from now on."""
         with self._cond:
+            if incarnation is not None and self._incarnations.get(generator_id) != incarnation:
+                return  # a newer registration replaced it already
             if generator_id in self._generators:
                 self._revoke_locked(generator_id, reason)
                 del self._generators[generator_id]
+            self._incarnations.pop(generator_id, None)
         self._control.close(generator_id)
 
     def _revoke_locked(self, generator_id: str, reason: str) -> None:
@@ -155,15 +192,15 @@ class Coordinator:
 
     # ---- leases ----------------------------------------------------------------------------
 
-    def lease(self, generator_id: str, max_prompts: int, wait_s: float = 0.0) -> protocol.LeaseBatch:
+    def lease(
+        self, generator_id: str, max_prompts: int, wait_s: float = 0.0, incarnation: str | None = None
+    ) -> protocol.LeaseBatch:
         """Lease up to `max_prompts` prompts (re-queued ones first), waiting up to `wait_s` for any."""
         end = time.monotonic() + wait_s
         with self._cond:
-            if generator_id not in self._generators:
-                raise protocol.Refused(
-                    protocol.Code.FAILED_PRECONDITION, f"generator {generator_id!r} is not registered"
-                )
             while True:
+                # Checked on every wake-up: the generator may be replaced or declared dead meanwhile.
+                self._check_incarnation_locked(generator_id, incarnation)
                 self._expire_locked()
                 out: list[protocol.Lease] = []
                 while len(out) < max_prompts:
@@ -402,17 +439,22 @@ class Coordinator:
 
     # ---- control streams -------------------------------------------------------------------
 
-    def attach_control(self, generator_id: str) -> control.Channel:
+    def attach_control(self, generator_id: str, incarnation: str | None = None) -> control.Channel:
         """Open `generator_id`'s control channel (replacing an older one, which gets None = closed)."""
         with self._cond:
-            if generator_id not in self._generators:
-                raise protocol.Refused(
-                    protocol.Code.FAILED_PRECONDITION, f"generator {generator_id!r} is not registered"
-                )
+            self._check_incarnation_locked(generator_id, incarnation)
         return self._control.attach(generator_id)
 
-    def detach_control(self, generator_id: str, channel: control.Channel) -> None:
-        self._control.detach(generator_id, channel)
+    def detach_control(
+        self, generator_id: str, channel: control.Channel, incarnation: str | None = None
+    ) -> None:
+        """The control stream ended. If it was the generator's current one and the job is not
+        stopping, the generator is gone (process dead, connection lost): re-queue its leases now."""
+        if self._control.detach(generator_id, channel):
+            with self._cond:
+                stopping = self._stopping
+            if not stopping:
+                self.generator_dead(generator_id, "lost its control stream", incarnation)
 
     def weight_members(self) -> list[str]:
         """Generators that can take part in a weight broadcast now (those with an open control stream)."""

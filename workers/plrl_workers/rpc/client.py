@@ -33,8 +33,6 @@ from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
 from plrl_workers.weight_sync import snapshot
 
-MAX_MESSAGE_BYTES = 256 << 20
-
 
 @dataclasses.dataclass
 class PulledWeights:
@@ -66,13 +64,16 @@ class CoordinatorClient:
         self._channel = grpc.insecure_channel(
             target,
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", protocol.MAX_MESSAGE_BYTES),
             ],
         )
         self._stub = pb_grpc.CoordinatorStub(self._channel)
         self._md = auth.metadata(token)
         self._timeout_s = timeout_s
+        # generator id -> the fencing token of its latest registration through this client, sent
+        # with every lease request and control stream of that id.
+        self._incarnations: dict[str, str] = {}
 
     def register(self, generator_id: str, ready_timeout_s: float = 600.0) -> protocol.Registration:
         """Waits up to `ready_timeout_s` for the coordinator to listen: generator pods (and `plrl run`'s
@@ -83,12 +84,20 @@ class CoordinatorClient:
             timeout=ready_timeout_s,
             wait_for_ready=True,
         )
-        return protocol.Registration(r.weight_version, r.samples_per_prompt, r.lease_timeout_s, r.session)
+        self._incarnations[generator_id] = r.incarnation
+        return protocol.Registration(
+            r.weight_version, r.samples_per_prompt, r.lease_timeout_s, r.session, r.incarnation
+        )
 
     def lease_prompts(self, generator_id: str, max_prompts: int, wait_s: float = 0.0) -> protocol.LeaseBatch:
         """Leases' `deadline`s are on this process's `time.monotonic()` clock."""
         r = self._stub.LeasePrompts(
-            pb.LeaseRequest(generator_id=generator_id, max_prompts=max_prompts, wait_s=wait_s),
+            pb.LeaseRequest(
+                generator_id=generator_id,
+                max_prompts=max_prompts,
+                wait_s=wait_s,
+                incarnation=self._incarnations.get(generator_id, ""),
+            ),
             metadata=self._md,
             timeout=self._timeout_s + wait_s,
         )
@@ -107,7 +116,12 @@ class CoordinatorClient:
     def control(self, generator_id: str) -> ControlStream:
         """Open this generator's control stream (one per generator; a newer one replaces it)."""
         return ControlStream(
-            self._stub.Control(pb.ControlRequest(generator_id=generator_id), metadata=self._md)
+            self._stub.Control(
+                pb.ControlRequest(
+                    generator_id=generator_id, incarnation=self._incarnations.get(generator_id, "")
+                ),
+                metadata=self._md,
+            )
         )
 
     def pull_weights(self, generator_id: str, min_version: int = 0, device: str = "cpu") -> PulledWeights:

@@ -36,9 +36,10 @@ from plrl_workers.weight_sync import snapshot
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 256 << 20
 MAX_LEASE_WAIT_S = 30.0
 MAX_PROMPTS_PER_LEASE = 4096
+# How long `Server.stop` waits past its grace period for gRPC to confirm the calls ended.
+STOP_WAIT_S = 5.0
 
 _STATUS = {code: getattr(grpc.StatusCode, code.name) for code in protocol.Code}
 
@@ -70,13 +71,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
             samples_per_prompt=reg.samples_per_prompt,
             lease_timeout_s=reg.lease_timeout_s,
             session=reg.session,
+            incarnation=reg.incarnation,
         )
 
     def LeasePrompts(self, request: Any, context: Any) -> Any:
         n = max(1, min(request.max_prompts, MAX_PROMPTS_PER_LEASE))
         wait_s = max(0.0, min(request.wait_s, MAX_LEASE_WAIT_S))
         try:
-            batch = self._coord.lease(request.generator_id, n, wait_s)
+            batch = self._coord.lease(request.generator_id, n, wait_s, incarnation=request.incarnation)
         except protocol.Refused as exc:
             _abort(context, self._coord, exc)
         now = self._coord.now()
@@ -97,7 +99,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
 
     def Control(self, request: Any, context: Any) -> Iterator[Any]:
         try:
-            channel = self._coord.attach_control(request.generator_id)
+            channel = self._coord.attach_control(request.generator_id, incarnation=request.incarnation)
         except protocol.Refused as exc:
             _abort(context, self._coord, exc)
         try:
@@ -112,7 +114,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
                 if isinstance(event, protocol.Stop):
                     return
         finally:
-            self._coord.detach_control(request.generator_id, channel)
+            self._coord.detach_control(request.generator_id, channel, incarnation=request.incarnation)
 
     def PullWeights(self, request: Any, context: Any) -> Iterator[Any]:
         snap = self._snapshots.latest() if self._snapshots is not None else None
@@ -147,8 +149,13 @@ class Server:
         self._server = grpc_server
         self.port = port
 
-    def stop(self, grace_s: float = 1.0) -> None:
-        self._server.stop(grace_s).wait()
+    def stop(self, grace_s: float = 1.0) -> bool:
+        """Stop serving: open calls get `grace_s` to finish, then are cancelled. Bounded: a handler
+        thread that ignores cancellation (blocked in user code) cannot hold the caller; False then."""
+        done: bool = self._server.stop(grace_s).wait(grace_s + STOP_WAIT_S)
+        if not done:
+            log.warning("coordinator server: calls still running %.0f s after stop", grace_s + STOP_WAIT_S)
+        return done
 
 
 def serve(
@@ -162,8 +169,8 @@ def serve(
 ) -> Server:
     """Start serving `coord` on `host:port` (0 = a free port) and return at once."""
     options = [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", protocol.MAX_MESSAGE_BYTES),
     ]
     interceptor = auth.TokenInterceptor(
         token, on_refused=lambda _method: coord.count_refusal("UNAUTHENTICATED")

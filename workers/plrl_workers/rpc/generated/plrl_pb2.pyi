@@ -31,16 +31,18 @@ class RegisterRequest(_message.Message):
     def __init__(self, generator_id: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("weight_version", "samples_per_prompt", "lease_timeout_s", "session")
+    __slots__ = ("weight_version", "samples_per_prompt", "lease_timeout_s", "session", "incarnation")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
     LEASE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     weight_version: int
     samples_per_prompt: int
     lease_timeout_s: float
     session: str
-    def __init__(self, weight_version: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., session: _Optional[str] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, weight_version: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., lease_timeout_s: _Optional[float] = ..., session: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class Prompt(_message.Message):
     __slots__ = ("prompt_id", "text", "answer", "token_ids")
@@ -65,14 +67,16 @@ class Lease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("generator_id", "max_prompts", "wait_s")
+    __slots__ = ("generator_id", "max_prompts", "wait_s", "incarnation")
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     max_prompts: int
     wait_s: float
-    def __init__(self, generator_id: _Optional[str] = ..., max_prompts: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, generator_id: _Optional[str] = ..., max_prompts: _Optional[int] = ..., wait_s: _Optional[float] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class LeaseReply(_message.Message):
     __slots__ = ("leases", "finished")
@@ -121,10 +125,12 @@ class SubmitAck(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., code: _Optional[_Union[Code, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ControlRequest(_message.Message):
-    __slots__ = ("generator_id",)
+    __slots__ = ("generator_id", "incarnation")
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
-    def __init__(self, generator_id: _Optional[str] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, generator_id: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class ParamMeta(_message.Message):
     __slots__ = ("name", "dtype", "shape")

@@ -1,0 +1,172 @@
+"""`plrl run` through failures: workers killed, hung and replaced mid-run, and `plrl run` itself
+killed or interrupted twice. Real processes, gRPC and gloo; faults come from `--chaos`.
+
+What a user must see: the job still reaches its last step, every prompt is trained once in the
+final model's history (or reported dropped), each failure is detected (a death at the next look, a
+hang within `heartbeat.timeoutSeconds` + one `intervalSeconds`) and counted against
+`failurePolicy.maxRestarts`, and no worker process outlives `plrl run`.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from plrl_api import records
+from plrl_operator.local import chaos_report, report, runner
+from tests.infra import procs
+from tests.operator.local.conftest import plrl, plrl_argv, plrl_env, write_job
+
+pytestmark = pytest.mark.slow
+
+INTERVAL_S, TIMEOUT_S = 1.0, 4.0
+# What a hang's detection may take beyond timeout + interval: the runner's look interval and the
+# staleness check's own rounding; the bound the issue sets is timeout + interval.
+LOOK_SLACK_S = runner.LOOK_EVERY_S + 1.0
+
+
+def _job(tmp_path: pathlib.Path, steps: int, **spec: dict[str, object]) -> pathlib.Path:
+    return write_job(
+        tmp_path / "job.yaml",
+        resources={"totalGPUs": 3},
+        pipeline={"maxLag": 8, "generators": 2},
+        training={"totalSteps": steps, "checkpoint": {"everySteps": 2}},
+        heartbeat={"intervalSeconds": INTERVAL_S, "timeoutSeconds": TIMEOUT_S},
+        **spec,
+    )
+
+
+def test_the_job_survives_a_killed_generator_a_hung_one_and_a_killed_coordinator(
+    tmp_path: pathlib.Path, run_dir: pathlib.Path
+) -> None:
+    # Far enough apart that each fault is detected and recovered from before the next (a whole-job
+    # restart would cancel a stop still in progress): one generator decodes ~1 step/s here.
+    steps = 60
+    job = _job(tmp_path, steps)
+    faults = "stop:generator-1@step=3:60s,kill:generator-0@step=25,kill:trainer-0@step=45"
+    r = plrl("run", str(job), "--run-dir", str(run_dir), "--chaos", faults, timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert r.leftover == []  # no worker outlived the run
+    assert "chaos: kill generator-0 at step" in out and "chaos: kill trainer-0 at step" in out
+    assert "generator generator-1 stopped responding: no heartbeat for" in out
+
+    chaos = json.loads((run_dir / runner.CHAOS_FILE).read_text())
+    injected = {i["fault"]["source"]: i for i in chaos["injected"]}
+    assert len(injected) == 3
+    # Each fault was acted on, and the hang within the heartbeat's bound.
+    for source, who, bound in [
+        ("stop:generator-1@step=3:60s", "generator-1", TIMEOUT_S + INTERVAL_S + LOOK_SLACK_S),
+        ("kill:generator-0@step=25", "generator-0", runner.LOOK_EVERY_S + LOOK_SLACK_S),
+        ("kill:trainer-0@step=45", "trainer-0", runner.LOOK_EVERY_S + LOOK_SLACK_S),
+    ]:
+        at = injected[source]["elapsed_s"]
+        after = [
+            x["elapsed_s"] - at for x in chaos["restarts"] if x["worker"] == who and x["elapsed_s"] >= at
+        ]
+        assert after, f"{source}: no restart of {who} after it"
+        print(f"{source}: detected and restarted after {after[0]:.2f} s (bound {bound:.1f} s)")
+        assert after[0] <= bound, (source, after[0], chaos["restarts"])
+    # Three restarts charged to the budget; generators that only lost their coordinator when the
+    # trainer died are restarted with the job, free.
+    charged = [x for x in chaos["restarts"] if "not counted" not in x["reason"]]
+    assert len(charged) == 3, chaos["restarts"]
+    assert "restart 3/10" in out and "restart 4/10" not in out
+
+    # The final model's history: every step once (those after the trainer's last checkpoint
+    # before it died were trained again), every prompt trained once or reported dropped.
+    rows = records.read_step_records((run_dir / records.METRICS_FILE).read_text())
+    assert [row.step for row in rows] == list(range(1, steps + 1))
+    a = report.read_records(run_dir)[-1].prompts
+    assert a.outstanding == 0 and a.issued == a.trained + a.dropped_by_lag
+    assert a.trained + a.dropped_by_lag == steps * 16 // 4
+
+
+def test_seeded_random_chaos_of_every_kind_is_survived(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
+    """The short version of `make chaos`: kills, stops and slows at seeded random steps."""
+    steps = 60
+    job = _job(tmp_path, steps)
+    r = plrl("run", str(job), "--run-dir", str(run_dir), "--chaos", "random:3:seed=3", timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert r.leftover == []
+    chaos = json.loads((run_dir / runner.CHAOS_FILE).read_text())
+    kinds = {i["fault"]["kind"] for i in chaos["injected"]}
+    assert kinds == {"kill", "stop", "slow"}, chaos["injected"]
+    costs = chaos_report.fault_costs(chaos)
+    for c in costs:
+        print(c)
+        if c.kind == "kill":
+            assert c.detection_s is not None and c.detection_s <= runner.LOOK_EVERY_S + LOOK_SLACK_S, c
+        if c.kind == "stop":  # seed 3: trainer-0 for 18.6 s, longer than the timeout
+            assert c.detection_s is not None and c.detection_s <= TIMEOUT_S + INTERVAL_S + LOOK_SLACK_S, c
+    for line in [k.line() for k in chaos_report.by_kind(costs)]:
+        assert f"chaos: {line}" in out
+    rows = records.read_step_records((run_dir / records.METRICS_FILE).read_text())
+    assert [row.step for row in rows] == list(range(1, steps + 1))
+    a = report.read_records(run_dir)[-1].prompts
+    assert a.outstanding == 0 and a.issued == a.trained + a.dropped_by_lag
+
+
+def test_a_chaos_spec_that_does_not_parse_fails_before_anything_starts(
+    tmp_path: pathlib.Path, run_dir: pathlib.Path
+) -> None:
+    job = _job(tmp_path, 4)
+    for spec, says in [
+        ("kil:generator-0@step=2", "'kil:generator-0@step=2': unknown kind 'kil'"),
+        ("stop:generator-0@step=2", "stop needs a duration"),
+        ("kill:generator-9@step=2", "unknown target 'generator-9'"),
+        ("kill:generator-0@step=99", "step=99"),
+    ]:
+        r = plrl("run", str(job), "--run-dir", str(run_dir), "--chaos", spec, timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "--chaos" in r.stderr and says in r.stderr, r.stderr
+        assert not run_dir.exists()
+
+
+def _workers(tree: procs.Tree) -> list[psutil.Process]:
+    return [p for p in tree.members() if "plrl_workers" in " ".join(p.cmdline())]
+
+
+def _wait_for_steps(run_dir: pathlib.Path, proc: subprocess.Popen[str], n: int) -> None:
+    deadline = time.monotonic() + 300
+    while len(report.read_records(run_dir)) < n:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, f"fewer than {n} steps within 300 s"
+        time.sleep(0.2)
+
+
+def test_killing_plrl_run_leaves_no_worker_running(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
+    job = _job(tmp_path, 2000)
+    argv = plrl_argv("run", str(job), "--run-dir", str(run_dir))
+    with procs.Tree(argv, env=plrl_env(), stderr=subprocess.STDOUT) as tree:
+        _wait_for_steps(run_dir, tree.proc, 2)
+        workers = _workers(tree)
+        assert len(workers) >= 3
+        tree.proc.send_signal(signal.SIGKILL)  # no chance to stop anything itself
+        tree.proc.wait(10)
+        # The kernel's parent-death signal (SIGTERM) reaches every worker, which stops within its
+        # grace period.
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert alive == [], [p.cmdline() for p in alive]
+
+
+def test_a_second_ctrl_c_does_not_break_the_stop(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
+    job = _job(tmp_path, 2000)
+    argv = plrl_argv("run", str(job), "--run-dir", str(run_dir))
+    with procs.Tree(argv, env=plrl_env(), stderr=subprocess.STDOUT) as tree:
+        _wait_for_steps(run_dir, tree.proc, 2)
+        tree.proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        tree.proc.send_signal(signal.SIGINT)  # impatient
+        out, _ = tree.proc.communicate(timeout=120)
+        assert tree.proc.returncode == 130, out
+        assert "Traceback" not in out and "KeyboardInterrupt" not in out
+        assert "already stopping" in out and "(interrupted)" in out
+        assert tree.survivors() == []
