@@ -4,7 +4,8 @@ Cases: a prompt is out with one generator at a time; expired, dead and replaced 
 are re-queued and their late returns refused; duplicates refused; every malformed group refused with
 its status code while the lease stays usable; backpressure (blocks, then RESOURCE_EXHAUSTED, lease
 renewed); the lag policy drops and counts; accounting balances exactly, also under concurrency;
-export/restore loses and repeats nothing; stop; control channels; IdRanges is a set.
+export/restore loses and repeats nothing; stop; control channels; IdRanges is a set; a slow
+generator's newest leases migrate to its peers (once per window; new generators are not judged).
 """
 
 from __future__ import annotations
@@ -434,18 +435,65 @@ def test_id_ranges_behave_like_a_set(xs: list[int]) -> None:
 
 
 def test_a_prompt_budget_leaves_nothing_issued_and_untrained() -> None:
+    """The budget is the groups the job's steps take: a batch the lag policy dropped whole (no step)
+    is replaced; a prompt dropped from a step that happened used its place in that step."""
     c = make(n=100, prompt_budget=3)
     leases = c.lease("a", 10).leases
     assert len(leases) == 3  # no more than the job will train
     for x in leases:
         assert c.submit(group_for(x)).ok
     taken = c.take(3, timeout_s=0.2)
-    c.finish_step(1, dropped=[taken[0].prompt_id])  # the lag policy dropped one: it is replaced
-    (replacement,) = c.lease("b", 10).leases
-    assert c.submit(group_for(replacement)).ok
-    c.take(1, timeout_s=0.2)
-    c.finish_step(2)
+    c.finish_step(0, dropped=[g.prompt_id for g in taken], stepped=False)  # skipped whole: replaced
+    replacements = c.lease("b", 10).leases
+    assert len(replacements) == 3
+    for x in replacements:
+        assert c.submit(group_for(x)).ok
+    taken = c.take(3, timeout_s=0.2)
+    c.finish_step(1, dropped=[taken[0].prompt_id])  # one dropped from a real step: not replaced
+    assert c.lease("b", 10).finished
     a = assert_balanced(c)
-    assert (a.issued, a.trained, a.dropped_by_lag) == (4, 3, 1)
+    assert (a.issued, a.trained, a.dropped_by_lag, a.outstanding) == (6, 2, 4, 0)
     assert c.stats().finished
-    assert c.lease("a", 10).finished
+    # The restart record keeps what the budget has used.
+    again = coordinator.Coordinator(
+        prompts(100), coordinator.Config(samples_per_prompt=G, prompt_budget=3), state=c.export_state()
+    )
+    again.register("a")
+    assert again.stats().finished and again.lease("a", 10).leases == []
+
+
+def test_a_slow_generator_s_newest_leases_migrate_to_its_peers() -> None:
+    """Seed 3.3.1: a generator completing well below its peers' rate loses the newest half of its
+    leases to the queue (its peers lease them next), and its late results for them are refused."""
+    clock = Clock()
+    c = make(n=100, clock=clock, buffer_groups=100)
+    c.register("c")
+    clock.t += 30  # all three registered long enough ago to be judged
+    for gid, done in (("a", 10), ("b", 9), ("c", 2)):  # c completes at a fifth of its peers' rate
+        for lease in c.lease(gid, done).leases:
+            assert c.submit(group_for(lease)).ok
+    held = c.lease("c", 4).leases
+    assert c.migrate_from_slow(threshold=0.2, window_s=30.0) == [
+        protocol.Migration("c", 2, pytest.approx(2 / 30), pytest.approx(9.5 / 30))  # type: ignore[arg-type]
+    ]
+    newest = sorted(held, key=lambda x: int(x.lease_id.rsplit("-", 1)[1]))[2:]
+    s = c.stats()
+    assert (s.leases_migrated, s.accounting.requeued, s.accounting.leased) == (2, 2, 2)
+    late = c.submit(group_for(newest[0]))
+    assert late.code is protocol.Code.FAILED_PRECONDITION and "lease migrated" in late.message
+    again = c.lease("a", 2).leases  # the migrated prompts come first
+    assert {x.prompt.prompt_id for x in again} == {x.prompt.prompt_id for x in newest}
+    # Once per window: still slow a moment later, but keeps what it is finishing.
+    clock.t += 1
+    assert c.migrate_from_slow(threshold=0.2, window_s=30.0) == []
+    assert_balanced(c)
+
+
+def test_generators_too_new_to_judge_keep_their_leases() -> None:
+    clock = Clock()
+    c = make(n=20, clock=clock)
+    for lease in c.lease("a", 5).leases:
+        assert c.submit(group_for(lease)).ok
+    c.lease("b", 4)
+    assert c.migrate_from_slow(threshold=0.2, window_s=30.0) == []  # registered 0 s ago
+    assert c.stats().leases_migrated == 0

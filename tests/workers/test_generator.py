@@ -126,7 +126,7 @@ class FakeEngine:
         self._live.pop(request_id, None)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        engines.check_version(self._version, version)
+        engines.check_version(self._version, version, self.num_in_flight())
         got = {name: t.clone() for name, t in named_tensors}
         self.pulled.append((version, got))
         self.sync.append(f"update:{version}")
@@ -186,6 +186,7 @@ class Rig:
     capacity: int
     thread: threading.Thread
     errors: list[BaseException]
+    server: server.Server
 
     def stats(self) -> protocol.Stats:
         return self.coord.stats()
@@ -261,7 +262,7 @@ def start() -> Iterator[Start]:
                 errors.append(exc)
 
         thread = threading.Thread(target=run, name="generator-under-test", daemon=True)
-        rig = Rig(coord, store, eng, gen, capacity, thread, errors)
+        rig = Rig(coord, store, eng, gen, capacity, thread, errors, srv)
         rigs.append((rig, srv, cli))
         thread.start()
         eventually(lambda: coord.stats().control_streams == 1, what="the generator's control stream")
@@ -272,6 +273,7 @@ def start() -> Iterator[Start]:
         rig.coord.stop("test over")
         rig.thread.join(timeout=30)
         srv.stop(0)
+        rig.server.stop(0)  # a replacement's, if the test started one
         cli.close()
         assert not rig.thread.is_alive(), "the generator did not stop"
         if rig.errors:
@@ -430,3 +432,41 @@ def test_a_generator_replaced_under_its_id_stops_and_asks_to_be_restarted(start:
     assert "control stream ended" in rig.gen.lost and not rig.gen.work_done
     a = rig.stats().accounting
     assert (a.leased, a.requeued) == (0, a.issued)
+
+
+def test_when_its_coordinator_restarts_it_reconnects_and_decodes_with_the_resumed_weights(
+    start: Start,
+) -> None:
+    """Trainer rank 0 dies and comes back at the same address from an earlier checkpoint: the
+    generator keeps running (no restart), drops what it was decoding (the new coordinator re-queues
+    those prompts from its restored state), registers anew and loads the resumed version's weights,
+    older than its own, before it decodes again."""
+    rig = start(1000, buffer_groups=4, submit_wait_s=0.05)
+    newer = {"w": torch.ones(4, 3)}
+    rig.store.publish(snapshot.WeightSnapshot.from_named_tensors(5, newer.items()))
+    rig.coord.finish_step(5)
+    assert rig.coord.request_pull(GEN, 5)
+    eventually(lambda: rig.engine.weight_version == 5, what="weights v5")
+    rig.train_until(2, what="groups decoded at v5")
+    saved = rig.coord.export_state()  # what the checkpoint holds: version 5 ...
+    saved["weight_version"] = 3  # ... of an earlier checkpoint, say
+    port = rig.server.port
+    rig.server.stop(0)  # the coordinator is gone
+    cfg = coordinator.Config(samples_per_prompt=G, vocab_size=VOCAB, buffer_groups=4, submit_wait_s=0.05)
+    revived = coordinator.Coordinator(prompts(1000), cfg, state=saved)
+    store = snapshot.SnapshotStore()
+    resumed = {"w": torch.full((4, 3), 3.0)}
+    store.publish(snapshot.WeightSnapshot.from_named_tensors(3, resumed.items()))
+    rig.coord, rig.store = revived, store
+    rig.server = server.serve(
+        revived, token=TOKEN, snapshots=store, host="127.0.0.1", port=port, max_workers=16
+    )
+    eventually(lambda: revived.stats().control_streams == 1, what="the generator to reconnect")
+    assert rig.gen.reconnects == 1 and rig.thread.is_alive() and not rig.errors
+    eventually(lambda: rig.engine.weight_version == 3, what="the resumed version's weights")
+    version, got = rig.engine.pulled[-1]
+    assert version == 3 and torch.equal(got["w"], resumed["w"])
+    for g in rig.train_until(4, what="groups for the revived coordinator"):
+        assert all(s.versions.tolist() == [3] * LENGTH for s in g.samples)
+    a = revived.stats().accounting
+    assert a.balanced

@@ -14,12 +14,15 @@ Leasing stops while too many groups wait for the coordinator (its buffer is full
 never runs far ahead of the trainers; the control stream is still served meanwhile, so a weight
 broadcast never waits on a generator stuck in backpressure.
 
-A generator exits 0 only when its work is done (the coordinator said stop, or no prompt is left to
-lease) or when it was asked to stop (SIGTERM). A generator that lost its coordinator (the control
-stream ended without a Stop: trainer rank 0 died or restarted) or was replaced (its registration was
-fenced: another process registered under its id) exits `lifecycle.EXIT_RESTART_ME`, so its
-controller (the kubelet, `plrl run`) starts it again and counts the restart: an exit 0 would read as
-a normal finish and leave the job without that generator.
+When its coordinator goes away (trainer rank 0 died or restarted: the control stream breaks, a
+lease call is UNAVAILABLE, and no Stop came) the generator keeps its process and its model: it drops
+what it was decoding (the restarted coordinator re-queues those prompts from its checkpoint), waits
+for the coordinator to listen again, registers anew (a new incarnation) and loads the weights of the
+version the trainer resumed at, older ones included. A generator exits 0 only when its work is done
+(the coordinator said stop, or no prompt is left to lease) or when it was asked to stop (SIGTERM);
+one that was replaced (fenced: another process registered under its id, or declared dead) exits
+`lifecycle.EXIT_RESTART_ME`, so its controller (the kubelet, `plrl run`) starts it again: an exit 0
+would read as a normal finish and leave the job without that generator.
 
 Neighbours: `engines/` (decoding), `rpc/client.py` + `rpc/rollout_stream.py` (coordinator),
 `tasks/rewards.py` (scoring), `metrics.py` (/metrics), `heartbeat.py` (the pod's Lease in a cluster),
@@ -59,6 +62,14 @@ PULL_WAIT_S, PULL_RETRY_S = 120.0, 0.5  # how long a pull waits for weights that
 # still holds. A stalled trainer would keep refusing them (full buffer) for ever; their leases expire
 # and the prompts are leased again, so nothing is lost by giving up.
 STOP_DRAIN_S = 5.0
+
+
+class _Gone:
+    """On the event queue: the control stream broke (the coordinator went away), as opposed to
+    None, the coordinator closing it (this generator was replaced or declared dead)."""
+
+
+_GONE = _Gone()
 # A lease refused because the coordinator went away: how long to wait for the Stop that says the job
 # ended (the trainer sends it just before its server stops) before taking it as the coordinator lost.
 LOST_STOP_WAIT_S = 2.0
@@ -94,7 +105,7 @@ class Generator:
         self.g = samples_per_prompt
         self.metrics = worker_metrics
         self.max_unacked_groups = max_unacked_groups
-        self._events: queue.SimpleQueue[protocol.ControlEvent | None] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[protocol.ControlEvent | _Gone | None] = queue.SimpleQueue()
         self._groups: dict[str, _Group] = {}
         self._unacked = 0
         self._unacked_lock = threading.Lock()
@@ -102,6 +113,8 @@ class Generator:
         self._source_finished = False
         self._told_to_stop = False
         self._lost = ""  # why this generator cannot go on (empty: it can)
+        self._gone = ""  # why the coordinator is gone (empty: it is not): reconnect
+        self.reconnects = 0
         self._in_weight_group = False
         self.refused = 0
 
@@ -131,8 +144,12 @@ class Generator:
             for event in stream:
                 self._events.put(event)
         except grpc.RpcError as err:
-            if not self._stop.is_set() and err.code() is not grpc.StatusCode.CANCELLED:
-                log.warning("control stream ended: %s", err.code())
+            if not stream.cancelled_here:
+                # Broken (UNAVAILABLE: the process died; CANCELLED: its server stopped), not closed
+                # by the coordinator.
+                log.warning("control stream broke: %s", err.code())
+                self._events.put(_GONE)
+                return
         self._events.put(None)
 
     def _handle_events(self) -> bool:
@@ -142,6 +159,9 @@ class Generator:
                 event = self._events.get_nowait()
             except queue.Empty:
                 return True
+            if event is _GONE:
+                self._gone = "its control stream broke"
+                return False
             if event is None or isinstance(event, protocol.Stop):
                 log.info("stopping: %s", "control stream closed" if event is None else event.reason)
                 self._told_to_stop = event is not None
@@ -162,7 +182,7 @@ class Generator:
                 event = self._events.get(timeout=left)
             except queue.Empty:
                 return False
-            if event is None:
+            if event is None or event is _GONE:
                 return False
             if isinstance(event, protocol.Stop):
                 log.info("stopping: %s", event.reason)
@@ -189,8 +209,9 @@ class Generator:
             self.metrics.weight_sync_seconds.observe(time.perf_counter() - t0)
         log.debug("weights v%d applied in flight", self.engine.weight_version)
 
-    def _pull(self, version: int) -> None:
-        if version <= self.engine.weight_version and version != 0:
+    def _pull(self, version: int, exact: bool = False) -> None:
+        """Load the full weights of `version` or newer (`exact`: also when older than the engine's)."""
+        if version <= self.engine.weight_version and version != 0 and not exact:
             return
         deadline = time.monotonic() + PULL_WAIT_S
         while True:
@@ -242,11 +263,8 @@ class Generator:
             elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 # The coordinator went away: either the job is ending (its Stop is on the control
                 # stream, or about to be) or trainer rank 0 died.
-                self._lost = (
-                    "" if self._stop_was_sent(LOST_STOP_WAIT_S) else f"lost the coordinator ({code.name})"
-                )
-                if not self._lost:
-                    return 0
+                if not self._stop_was_sent(LOST_STOP_WAIT_S):
+                    self._gone = f"a lease request failed ({code.name})"
             else:
                 raise
             return 0
@@ -289,6 +307,9 @@ class Generator:
                 self.metrics.reward.set(reward)
             if len(group.samples) == self.g:
                 del self._groups[lease_id]
+                if stream.error is not None:  # the coordinator is gone; its successor re-queues it
+                    self._gone = "the rollout stream broke"
+                    continue
                 with self._unacked_lock:
                     self._unacked += 1
                 stream.put(
@@ -312,6 +333,10 @@ class Generator:
             )
         if reg.weight_version > self.engine.weight_version:
             self._pull(reg.weight_version)
+        elif reg.weight_version < self.engine.weight_version:
+            # A coordinator that resumed from an earlier checkpoint: decode with its weights (the
+            # engine is idle after a reconnect, so it may go back a version).
+            self._pull(reg.weight_version, exact=True)
         self._control = self.coord.control(self.generator_id)
         threading.Thread(
             target=self._pump_control, args=(self._control,), daemon=True, name="control"
@@ -327,14 +352,41 @@ class Generator:
         self._collect(finished, self._stream)
 
     def run(self, capacity: int) -> None:
-        """Pipeline mode: decode until the job stops (or the prompt source is exhausted)."""
+        """Pipeline mode: decode until the job stops (or the prompt source is exhausted), through
+        restarts of the coordinator."""
+        while True:
+            self._run_session(capacity)
+            if not self._gone or self._stop.is_set() or self._lost:
+                return
+            log.warning("the coordinator is gone (%s); reconnecting", self._gone)
+            self._reset_session()
+
+    def _reset_session(self) -> None:
+        """Forget a session whose coordinator is gone: what was decoding for it is dropped (its
+        successor re-queues those prompts), and the next `start()` registers anew."""
+        for lease_id in list(self._groups):
+            for j in range(self.g):
+                self.engine.abort(f"{lease_id}#{j}")
+        self._groups.clear()
+        with self._unacked_lock:
+            self._unacked = 0
+        while True:
+            try:
+                self._events.get_nowait()
+            except queue.Empty:
+                break
+        self._gone = ""
+        self._source_finished = False
+        self.reconnects += 1
+
+    def _run_session(self, capacity: int) -> None:
         self.start()
         try:
             while not self._stop.is_set():
                 if not self._handle_events():
                     break
                 self._fill(capacity)
-                if self._lost or self._told_to_stop:
+                if self._lost or self._gone or self._told_to_stop:
                     break
                 if self.engine.num_in_flight() == 0:
                     if self._source_finished:
@@ -352,7 +404,7 @@ class Generator:
             if not self._handle_events():
                 return
             leased = self._fill(capacity)
-            if self._lost or self._told_to_stop:
+            if self._lost or self._gone or self._told_to_stop:
                 return
             if self.engine.num_in_flight() == 0:
                 with self._unacked_lock:
@@ -378,10 +430,12 @@ class Generator:
     def close(self) -> None:
         # Deliver what is finished first: closing the control stream tells the coordinator this
         # generator is gone, and it re-queues whatever is still leased to it.
-        self._stream.close(timeout_s=STOP_DRAIN_S if self._stop.is_set() or self._lost else None)
+        leaving = self._stop.is_set() or self._lost or self._gone
+        self._stream.close(timeout_s=STOP_DRAIN_S if leaving else None)
         self._control.cancel()
         if self._in_weight_group:
             self.engine.leave_weight_group()
+            self._in_weight_group = False
 
 
 def build(

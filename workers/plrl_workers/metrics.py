@@ -183,6 +183,7 @@ class _CoordinatorCollector(registry.Collector):
         )
         leases.add_metric(["expired"], s.leases_expired)
         leases.add_metric(["revoked"], s.leases_revoked)
+        leases.add_metric(["migrated"], s.leases_migrated)  # from slow generators to their peers
         yield leases
         refused = core.CounterMetricFamily(
             "plrl_rpc_refused", "Refused RPCs and rollout groups.", labels=["reason"]

@@ -170,6 +170,19 @@ class Stats:
     source_exhausted: bool
     finished: bool
     """Source exhausted and every issued prompt trained or dropped."""
+    leases_migrated: int = 0
+    """Leases moved from slow generators to their peers (`Coordinator.migrate_from_slow`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    """Part of a slow generator's work moved to its peers."""
+
+    generator_id: str
+    prompts: int
+    rate: float
+    """Its groups accepted per second over the window."""
+    peers_median: float
 
 
 class Refused(Exception):

@@ -38,6 +38,7 @@ import numpy
 import torch.distributed as dist
 
 from plrl_api import identity, names, records, worker_config
+from plrl_api import spec as spec_mod
 from plrl_workers import checkpoint, heartbeat, lifecycle, metrics, protocol
 from plrl_workers.coordinator import core as coordinator
 from plrl_workers.engines import base as engines
@@ -51,6 +52,7 @@ from plrl_workers.weight_sync import sender, snapshot
 log = logging.getLogger("plrl.trainer")
 
 TAKE_TIMEOUT_S = 5.0
+SLOW_WINDOW_MIN_S = 15.0  # shortest window over which generators' completion rates are compared
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,6 +239,12 @@ class Coordination:
         self.metrics_endpoint.close()
 
 
+def slow_window_s(spec: spec_mod.JobSpec) -> float:
+    """How far back generators' completion rates are compared: several heartbeat timeouts, so a
+    generator is judged slow on a trend, not on one long sequence."""
+    return max(SLOW_WINDOW_MIN_S, 3.0 * spec.heartbeat.timeout_seconds)
+
+
 def forget_steps_after(metrics_file: pathlib.Path, step: int) -> int:
     """Drop the rows of steps after `step` (the checkpoint a restart resumed from): the model forgot
     them and trains those steps again, so the file keeps one row per step of the final model's
@@ -366,13 +374,15 @@ class TrainLoop:
                 self.rl_cfg.max_lag,
             )
             if hub is not None:
-                hub.coord.finish_step(version, dropped=prepared.prompts_dropped)
+                hub.coord.finish_step(version, dropped=prepared.prompts_dropped, stepped=False)
             return True
         out = rl_step.train_step(engine, prepared.micro_batches[self.ranks.rank], self.rl_cfg)
         out |= prepared.metrics()
         self.step += 1
         if hub is not None:
             hub.coord.finish_step(engine.version, dropped=prepared.prompts_dropped)
+            policy = self.cfg.spec.failure_policy
+            hub.coord.migrate_from_slow(policy.slow_generator_threshold, slow_window_s(self.cfg.spec))
             now = time.perf_counter()
             hub.log_step(self.step, BatchStats.of(groups, version), out, now - t0, now - t_busy)
         ckpt = self.cfg.spec.training.checkpoint

@@ -5,7 +5,7 @@ operator puts in the job's ConfigMap (`plrl_api.worker_config.build`, with loopb
 run-directory paths), sets the environment a pod would get (`plrl_api.identity`), starts
 `plrl-worker --role <role>` per replica (each accelerator of the spec is one process, on the CPU
 or a GPU), and then loops observe -> `policy.decide` -> act: a failed generator is restarted, a
-failed trainer restarts the whole job from its latest checkpoint, a failure with
+failed trainer restarts every trainer from the latest checkpoint (the generators reconnect), a failure with
 `failurePolicy.maxRestarts` used up ends the run `Failed`, trainer rank 0 finishing ends it.
 
 The run directory holds everything: `job.yaml` (the resolved spec), `model/` (the prepared initial
@@ -101,21 +101,26 @@ def local_paths(
     )
 
 
-def write_configs(
-    job: spec_mod.PipelineRLJob,
-    pod_plan: plan.PodPlan,
-    paths: worker_config.Paths,
-    cfg_dir: pathlib.Path,
-    shared_gpus: bool = False,
-) -> dict[names.Role, pathlib.Path]:
-    """The per-role config files, with fresh loopback ports (a restarted job gets new ones)."""
-    endpoints = worker_config.Endpoints(
+def loopback_endpoints(shared_gpus: bool = False) -> worker_config.Endpoints:
+    """Fresh loopback ports for a run: kept for its lifetime, so generators find a restarted
+    trainer rank 0 where they found the one before (as a pod's Service name stays)."""
+    return worker_config.Endpoints(
         coordinator=f"{LOOPBACK}:{free_port()}",
         rendezvous=f"{LOOPBACK}:{free_port()}",
         weight_sync=f"{LOOPBACK}:{free_port()}",
         metrics_port=0,  # each process gets its own (ENV_METRICS_PORT)
         collective_backend="gloo" if shared_gpus else None,  # NCCL refuses two ranks on one GPU
     )
+
+
+def write_configs(
+    job: spec_mod.PipelineRLJob,
+    pod_plan: plan.PodPlan,
+    paths: worker_config.Paths,
+    cfg_dir: pathlib.Path,
+    endpoints: worker_config.Endpoints,
+) -> dict[names.Role, pathlib.Path]:
+    """The per-role config files."""
     cfg_dir.mkdir(parents=True, exist_ok=True)
     out = {}
     for role in names.ROLES:
@@ -226,10 +231,11 @@ class Launch:
     token: str
 
     gpus: devices.Placements
+    endpoints: worker_config.Endpoints
 
     def configs(self) -> dict[names.Role, pathlib.Path]:
         cfg_dir = self.run_dir / "config"
-        return write_configs(self.job, self.pod_plan, self.paths, cfg_dir, self.gpus.shared)
+        return write_configs(self.job, self.pod_plan, self.paths, cfg_dir, self.endpoints)
 
     def specs(self) -> list[processes.ProcessSpec]:
         return process_specs(self.pod_plan, self.configs(), self.token, self.run_dir, self.gpus)
@@ -339,15 +345,15 @@ class Controller:
                 observed = observe(self.sup, self.launch.run_dir, spec.heartbeat)
                 verdict = decide.decide(spec, observed, self.history)
                 self.history = verdict.history
-                whole_job = False  # a trainer's restart restarts every process
+                whole_job = False  # a trainer's restart restarts every trainer
                 for d in verdict.decisions:
                     if isinstance(d, decide.Finish):
                         return 0
                     if isinstance(d, decide.Fail):
                         raise RunError(d.reason)
-                    if whole_job:  # already started again with the rest of the job
+                    if whole_job and d.role == names.TRAINER:  # started again with the others
                         continue
-                    whole_job = d.role == names.TRAINER
+                    whole_job = whole_job or d.role == names.TRAINER
                     self._restart(d)
                 self.peak.sample(self.sup)
                 step = rows[-1].step if rows else None
@@ -371,21 +377,27 @@ class Controller:
         elapsed = round(time.monotonic() - self._t0, 3)
         self.restarts.append({"elapsed_s": elapsed, "worker": d.worker, "reason": d.reason})
         if self.faults is not None:  # a restarted process starts free of its predecessor's faults
-            targets = [d.worker] if d.role == names.GENERATOR else list(self.sup.running)
+            targets = (
+                [d.worker]
+                if d.role == names.GENERATOR
+                else [n for n, r in self.sup.running.items() if r.spec.role == names.TRAINER]
+            )
             for name in targets:
                 self._inject(self.faults.forget(name))
         if d.role == names.GENERATOR:
             print(f"{d.reason}; restarting it", flush=True)
             self.sup.restart(d.worker)
             return
-        # The trainer group (and the coordinator in rank 0) cannot continue without the failed rank,
-        # and today's generators exit when their coordinator goes away: restart every process; the
-        # trainers resume from the latest checkpoint, which holds the coordinator's prompt state.
-        print(f"{d.reason}; restarting the job from its latest checkpoint", flush=True)
-        self.sup.stop()
-        restarted = {name: r.restarts + 1 for name, r in self.sup.running.items()}
+        # The trainer group (and the coordinator in rank 0) cannot continue without the failed rank:
+        # restart every trainer; they resume from the latest checkpoint, which holds the
+        # coordinator's prompt state. Generators keep their processes and models and reconnect
+        # to the new rank 0 at the same address.
+        print(f"{d.reason}; restarting the trainers from the latest checkpoint", flush=True)
+        trainers = {n: r.restarts + 1 for n, r in self.sup.running.items() if r.spec.role == names.TRAINER}
+        self.sup.stop(list(trainers))
         for spec in self.launch.specs():
-            self.sup.start(spec, restarts=restarted.get(spec.name, 0))
+            if spec.name in trainers:
+                self.sup.start(spec, restarts=trainers[spec.name])
 
     def _progress(self) -> list[records.StepRecord]:
         """The run's records so far; prints a progress line every `PROGRESS_EVERY_S`."""
@@ -445,7 +457,15 @@ def run(
         raise RunError("spec.pipeline.mode=hybrid is not supported by plrl run yet (use pipeline)")
     resumed = prepare_run_dir(job, run_dir)
     gpus = devices.placements(pod_plan, devices.visible_gpus())
-    launch = Launch(job, pod_plan, paths, run_dir, token=secrets.token_urlsafe(24), gpus=gpus)
+    launch = Launch(
+        job,
+        pod_plan,
+        paths,
+        run_dir,
+        token=secrets.token_urlsafe(24),
+        gpus=gpus,
+        endpoints=loopback_endpoints(gpus.shared),
+    )
     try:
         prepare(job, launch.configs()[names.TRAINER], run_dir)
     except spec_mod.JobFileError:

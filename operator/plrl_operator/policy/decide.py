@@ -114,7 +114,7 @@ class Verdict:
 
 
 def _failure(w: Worker) -> str:
-    if w.running:
+    if w.running and w.needs_restart:
         how = "stopped responding"  # alive but silent: its heartbeat went stale
     else:
         how = f"exited with code {w.exit_code}" if w.exit_code is not None else "failed"

@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
-import statistics
-from collections.abc import Mapping, Sequence
+
+from plrl_api import peers
+
+slow = peers.slow  # the one rule, shared with the coordinator (plrl_api.peers)
 
 
 class Health(enum.StrEnum):
@@ -47,19 +49,3 @@ def classify(beat: Beat, now: datetime.datetime, timeout_s: float) -> Health:
     if (now - beat.renewed).total_seconds() > timeout_s:
         return Health.STALE
     return Health.HEALTHY
-
-
-def slow(rates: Mapping[str, float], threshold: float) -> list[str]:
-    """Names whose rate is more than `threshold` below the median of the *others'* rates.
-
-    Needs at least two workers; a worker is only compared with peers that report a rate.
-    """
-    out = []
-    for name, rate in sorted(rates.items()):
-        peers: Sequence[float] = [r for n, r in rates.items() if n != name]
-        if not peers:
-            continue
-        median = statistics.median(peers)
-        if median > 0 and rate < (1.0 - threshold) * median:
-            out.append(name)
-    return out

@@ -1,6 +1,12 @@
-"""End to end: a worker pod that hangs mid-run is found by its stale heartbeat and replaced.
+"""End to end: worker pods that die or hang mid-run; the job still trains to Succeeded.
 
-A generator process stopped with SIGSTOP looks alive to its kubelet (the container is running), so
+Killed processes (SIGKILL of the worker in its pod): the kubelet restarts the container and the
+operator counts the restart. A killed generator's prompts are re-queued and its restart registers
+again; a killed trainer rank 0 (the coordinator) resumes from its latest checkpoint, and the
+generator, which lost its coordinator, keeps running and reconnects to it: RESTARTS counts the two
+kills and nothing else.
+
+A hung generator: a process stopped with SIGSTOP looks alive to its kubelet (the container is running), so
 nothing but the operator's heartbeat check can catch it: within `heartbeat.timeoutSeconds` + one
 `intervalSeconds` (+ the operator's status period) the operator deletes the pod, counts the
 restart (RESTARTS 1, a WorkerRestarted event saying it stopped responding), the StatefulSet starts
@@ -81,6 +87,36 @@ def test_a_hung_generator_is_replaced_and_the_job_succeeds(
     )["items"]
     messages = [e["message"] for e in events]
     assert any(f"generator {pod} stopped responding: no heartbeat for" in m for m in messages), messages
+    rows = job.records()
+    assert [r.step for r in rows] == list(range(1, steps + 1))
+    p = rows[-1].prompts
+    assert p.balanced and p.outstanding == 0 and p.trained + p.dropped_by_lag == steps * PROMPTS_PER_STEP, p
+
+
+def _pod_name(job: e2e.Tiny, role: str) -> str:
+    (pod,) = [p for p in job.pods() if p["metadata"]["labels"][names.LABEL_ROLE] == role]
+    return str(pod["metadata"]["name"])
+
+
+def test_killed_generator_and_trainer_processes_are_restarted_and_the_job_succeeds(
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, tiny: Callable[..., e2e.Tiny]
+) -> None:
+    steps = 40
+    job = tiny(
+        training={"totalSteps": steps, "checkpoint": {"everySteps": 5}},
+        heartbeat={"intervalSeconds": INTERVAL_S, "timeoutSeconds": TIMEOUT_S},
+    )
+    job.apply()
+    job.watch("Succeeded", timeout_s=240, stop_at_step=4)
+    _worker_process(namespace, _pod_name(job, names.GENERATOR)).kill()
+    job.watch("Succeeded", timeout_s=240, stop_at_step=12)
+    _worker_process(namespace, _pod_name(job, names.TRAINER)).kill()
+
+    seen = job.watch("Succeeded", timeout_s=400)
+    assert seen[-1].row["STEP"] == str(steps) and seen[-1].row["RESTARTS"] == "2", seen[-1].row
+    logs = job.log_tails(400)
+    assert "resumed from /checkpoints: step" in logs, logs
+    assert "the coordinator is gone" in logs and "reconnecting" in logs, logs
     rows = job.records()
     assert [r.step for r in rows] == list(range(1, steps + 1))
     p = rows[-1].prompts

@@ -79,13 +79,15 @@ def test_the_collective_backend_choice_is_checked() -> None:
 def test_the_runner_puts_placements_into_envs_and_gloo_into_configs(tmp_path: pathlib.Path) -> None:
     job = jobfile.load_job(ROOT / "examples" / "local-tiny.yaml")
     pod_plan = plan.PodPlan.of(job.spec, 1)
+    gpus = devices.placements(pod_plan, ["0"])
     launch = runner.Launch(
         job,
         pod_plan,
         runner.local_paths(job, tmp_path, ROOT / "examples"),
         tmp_path,
         token=secrets.token_urlsafe(8),
-        gpus=devices.placements(pod_plan, ["0"]),
+        gpus=gpus,
+        endpoints=runner.loopback_endpoints(gpus.shared),
     )
     specs = launch.specs()
     assert {s.name: s.env["CUDA_VISIBLE_DEVICES"] for s in specs} == {"trainer-0": "0", "generator-0": "0"}

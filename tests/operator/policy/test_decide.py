@@ -170,3 +170,10 @@ def test_a_worker_that_only_lost_its_coordinator_is_restarted_free() -> None:
     (d,) = v.decisions
     assert isinstance(d, decide.Restart) and d.by_platform and v.history.restarts == 0
     assert v.history.counted == {"uid-g1": 1}
+
+
+def test_a_pod_running_again_after_a_crash_is_reported_by_its_exit_code() -> None:
+    """The kubelet restarted it, so it runs again: its restart says how its last run ended."""
+    pod = _worker("t0", "trainer", instance="uid-t0", exit_code=2, platform_restarts=1, detail="bad model")
+    (d,) = decide.decide(_spec(), decide.Observation(workers=(pod,)), decide.History()).decisions
+    assert d.reason == "trainer t0 exited with code 2: bad model; restart 1/3"

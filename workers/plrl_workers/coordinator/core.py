@@ -20,6 +20,11 @@ or a pod the kubelet thought dead) can neither lease prompts nor deliver rollout
 whose control stream ends without it being replaced (the process died, or its connection broke) is
 declared dead at once: its leases go back to the queue without waiting for `lease_timeout_s`.
 
+Slow generators (seed 3.3.1): `migrate_from_slow` compares the generators' completion rates (groups
+accepted over a recent window) with `plrl_api.peers.slow`, and moves the newest half of a slow one's
+leases back to the front of the queue, where its peers lease them next; the slow one's late results
+for those prompts are refused like any re-queued lease's ("lease migrated").
+
 Backpressure: the rollout buffer holds `buffer_groups` groups. `submit` blocks up to `submit_wait_s`
 for space (while it blocks the gRPC stream is not read, so HTTP/2 flow control stalls the generator);
 after that it returns RESOURCE_EXHAUSTED and renews the lease, and the generator re-sends the same
@@ -49,12 +54,13 @@ import dataclasses
 import heapq
 import itertools
 import logging
+import statistics
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator
 
-from plrl_api import records
+from plrl_api import peers, records
 from plrl_workers import protocol
 from plrl_workers.coordinator import checks, control
 from plrl_workers.coordinator import state as restart
@@ -75,9 +81,11 @@ class Config:
     vocab_size: int | None = None
     """If set, token ids must lie in [0, vocab_size)."""
     prompt_budget: int | None = None
-    """Prompts the job trains in all (total steps x B/G). New prompts are issued only while
-    trained + outstanding < budget, so a finished run leaves no prompt issued and untrained; prompts
-    the lag policy drops are replaced. None: issue while the source lasts."""
+    """Groups the job's optimizer steps take in all (total steps x B/G). New prompts are issued only
+    while trained + dropped within a step + outstanding < budget, so a finished run leaves no prompt
+    issued and untrained: a prompt the lag policy drops from a step that happened used its place in
+    that step; the prompts of a batch skipped whole (every sample too old, no step) are replaced.
+    None: issue while the source lasts."""
     closed_lease_memory: int = 100_000
     """How many finished lease ids are remembered to tell duplicates/late returns from unknown ones."""
 
@@ -111,6 +119,7 @@ class Coordinator:
         self._version = 0
         self._next_index = 0
         self._issued = self._trained = self._dropped = 0
+        self._dropped_in_steps = 0  # dropped from batches that still made a step (used the budget)
         self._budget = config.prompt_budget
         self._completed = restart.IdRanges()
         self._pending: dict[int, protocol.Prompt] = {}  # issued, not yet trained or dropped
@@ -122,6 +131,10 @@ class Coordinator:
         self._in_training: list[protocol.RolloutGroup] = []
         self._generators: dict[str, set[str]] = {}  # generator id -> its lease ids
         self._incarnations: dict[str, str] = {}  # generator id -> its current registration's token
+        self._registered_at: dict[str, float] = {}
+        self._accepted_at: dict[str, collections.deque[float]] = {}  # generator id -> accept times
+        self._migrated_at: dict[str, float] = {}
+        self._migrated = 0
         self._registrations = itertools.count(1)
         self._control = control.ControlHub()
         self._expired = self._revoked = 0
@@ -143,6 +156,8 @@ class Coordinator:
             self._generators[generator_id] = set()
             incarnation = f"{self._session}.{next(self._registrations)}"
             self._incarnations[generator_id] = incarnation
+            self._registered_at[generator_id] = self._clock()
+            self._accepted_at[generator_id] = collections.deque()
             log.info("generator %s registered (incarnation %s)", generator_id, incarnation)
             return protocol.Registration(
                 self._version,
@@ -277,6 +292,47 @@ class Coordinator:
         while len(self._closed) > self.config.closed_lease_memory:
             self._closed.popitem(last=False)
 
+    # ---- slow generators -------------------------------------------------------------------
+
+    def migrate_from_slow(self, threshold: float, window_s: float) -> list[protocol.Migration]:
+        """Re-queue the newest half of the leases of each generator whose completion rate over the
+        last `window_s` is more than `threshold` below its peers' median. Generators registered
+        for less than `window_s` are not judged (nor counted as peers), and a generator's work is
+        migrated at most once per window, so a slow one keeps the leases it is finishing."""
+        with self._cond:
+            now = self._clock()
+            rates: dict[str, float] = {}
+            for gid in self._generators:
+                accepted = self._accepted_at.setdefault(gid, collections.deque())
+                while accepted and accepted[0] < now - window_s:
+                    accepted.popleft()
+                if now - self._registered_at.get(gid, now) >= window_s:
+                    rates[gid] = len(accepted) / window_s
+            out = []
+            for gid in peers.slow(rates, threshold):
+                if now - self._migrated_at.get(gid, now - window_s) < window_s:
+                    continue
+                newest = sorted(self._generators[gid], key=_lease_seq, reverse=True)
+                moved = newest[: len(newest) // 2]
+                if not moved:
+                    continue
+                for lease_id in moved:
+                    self._generators[gid].discard(lease_id)
+                    self._requeue_locked(self._leases[lease_id], "migrated")
+                self._migrated += len(moved)
+                self._migrated_at[gid] = now
+                median = statistics.median(r for g, r in rates.items() if g != gid)
+                out.append(protocol.Migration(gid, len(moved), rates[gid], median))
+                log.warning(
+                    "generator %s is slow (%.2f groups/s, peers' median %.2f): %d of its leases "
+                    "migrated to its peers",
+                    gid,
+                    rates[gid],
+                    median,
+                    len(moved),
+                )
+            return out
+
     # ---- rollouts --------------------------------------------------------------------------
 
     def submit(self, group: protocol.RolloutGroup) -> protocol.SubmitResult:
@@ -329,6 +385,7 @@ class Coordinator:
             del self._leases[lease.lease_id]
             self._generators.get(lease.generator_id, set()).discard(lease.lease_id)
             self._remember_locked(lease.lease_id, "accepted")
+            self._accepted_at.setdefault(lease.generator_id, collections.deque()).append(self._clock())
             self._buffer.append(group)
             self._cond.notify_all()
         return protocol.SubmitResult(group.lease_id, protocol.Code.OK)
@@ -398,12 +455,13 @@ class Coordinator:
         del self._pending[prompt_id]
         self._completed.add(prompt_id)
 
-    def finish_step(self, version: int, dropped: Collection[int] = ()) -> None:
+    def finish_step(self, version: int, dropped: Collection[int] = (), stepped: bool = True) -> None:
         """The trainer finished an optimizer step; weights are now `version`.
 
         Taken groups count as trained, except the prompt ids in `dropped`, which the trainer's lag
-        policy dropped (every sample too old). Call before broadcasting `version`, so rollouts
-        carrying it are accepted.
+        policy dropped (every sample too old). `stepped=False`: the whole batch was dropped and no
+        step was made, so its prompts are replaced. Call before broadcasting `version`, so
+        rollouts carrying it are accepted.
         """
         with self._cond:
             if version < self._version:
@@ -417,6 +475,8 @@ class Coordinator:
             for group in self._in_training:
                 self._complete_locked(group.prompt_id)
             self._dropped += len(set(dropped))
+            if stepped:
+                self._dropped_in_steps += len(set(dropped))
             self._trained += len(self._in_training) - len(set(dropped))
             self._in_training.clear()
             self._cond.notify_all()
@@ -473,7 +533,7 @@ class Coordinator:
 
     def _budget_left_locked(self) -> bool:
         budget = self._budget
-        return budget is None or self._trained + len(self._pending) < budget
+        return budget is None or self._trained + self._dropped_in_steps + len(self._pending) < budget
 
     def set_prompt_budget(self, budget: int | None) -> None:
         """Raise (or set) the prompt budget; conventional mode opens one round's worth at a time."""
@@ -504,6 +564,7 @@ class Coordinator:
                 control_streams=len(self._control.members()),
                 leases_expired=self._expired,
                 leases_revoked=self._revoked,
+                leases_migrated=self._migrated,
                 refused=dict(self._refused),
                 source_exhausted=self._source_exhausted,
                 finished=self._finished_locked(),
@@ -518,6 +579,7 @@ class Coordinator:
                 issued=self._issued,
                 trained=self._trained,
                 dropped_by_lag=self._dropped,
+                dropped_in_steps=self._dropped_in_steps,
                 completed=self._completed.ranges(),
                 pending=[
                     restart.PendingPrompt(
@@ -532,6 +594,7 @@ class Coordinator:
         self._version = state.weight_version
         self._next_index = state.next_index
         self._issued, self._trained, self._dropped = state.issued, state.trained, state.dropped_by_lag
+        self._dropped_in_steps = state.dropped_in_steps
         self._completed = restart.IdRanges(state.completed)
         for p in state.pending:
             prompt = protocol.Prompt(p.prompt_id, p.text, p.answer, tuple(p.token_ids))
@@ -547,3 +610,8 @@ class Coordinator:
             self._dropped,
             len(self._queue),
         )
+
+
+def _lease_seq(lease_id: str) -> int:
+    """A lease id's grant order (`<session>-<n>`)."""
+    return int(lease_id.rsplit("-", 1)[1])

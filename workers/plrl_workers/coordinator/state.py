@@ -82,6 +82,11 @@ class CoordinatorState(pydantic.BaseModel):
     issued: int = pydantic.Field(ge=0)
     trained: int = pydantic.Field(ge=0)
     dropped_by_lag: int = pydantic.Field(ge=0)
+    dropped_in_steps: int = pydantic.Field(
+        default=0,
+        ge=0,
+        description="Of those, dropped from batches that still made a step (they used the budget).",
+    )
     completed: list[tuple[int, int]] = pydantic.Field(
         default_factory=list, description="Prompt ids trained or dropped, as inclusive [lo, hi] ranges."
     )

@@ -124,10 +124,15 @@ def drain(stream: Iterator[object]) -> None:
             pass
 
 
-def check_version(current: int, new: int) -> None:
-    """Weight versions never go back (a re-sent version is allowed: it reloads)."""
-    if new < current:
-        raise ValueError(f"update_weights: version {new} is older than the engine's {current}")
+def check_version(current: int, new: int, in_flight: int = 1) -> None:
+    """Weight versions never go back while sequences are in flight (their later tokens would carry
+    an older version than their earlier ones; a re-sent version is allowed: it reloads). An idle
+    engine may go back: a trainer restarted from an earlier checkpoint resumes at its version."""
+    if new < current and in_flight:
+        raise ValueError(
+            f"update_weights: version {new} is older than the engine's {current} "
+            f"with {in_flight} sequences in flight"
+        )
 
 
 class GenerationEngine(Protocol):
@@ -162,8 +167,10 @@ class GenerationEngine(Protocol):
         Names are the trainer's (transformers) parameter names; tied weights may be sent under
         either name. vLLM fuses layers (qkv, gate/up), so send every parameter of a layer you
         touch (the trainer always sends them all). Tokens decoded from the next step on are
-        attributed to `version`, which must not be older than `weight_version`. If it raises
-        midway, the version is not bumped and the weights may be a mix: load a full set next.
+        attributed to `version`, which must not be older than `weight_version` while sequences are
+        in flight (an idle engine may go back, for a trainer resumed from an earlier checkpoint).
+        If it raises midway, the version is not bumped and the weights may be a mix: load a full
+        set next.
         """
         ...
 

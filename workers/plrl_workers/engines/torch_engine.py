@@ -151,7 +151,7 @@ class TorchEngine:
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        base.check_version(self._version, version)
+        base.check_version(self._version, version, self.num_in_flight())
         for name, tensor in named_tensors:
             param = self._params.get(name)
             if param is None:

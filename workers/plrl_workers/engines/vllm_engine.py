@@ -164,7 +164,7 @@ class VllmEngine:
         return finished
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        base.check_version(self._version, version)
+        base.check_version(self._version, version, self.num_in_flight())
         # A list, not an iterator: with worker processes the argument is pickled.
         self._engine.collective_rpc("plrl_load_weights", args=(list(named_tensors),))
         self._version = version

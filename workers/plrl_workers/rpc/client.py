@@ -48,12 +48,15 @@ class ControlStream:
 
     def __init__(self, call: Any) -> None:
         self._call = call
+        self.cancelled_here = False
+        """`cancel()` was called (so a CANCELLED status is ours, not the server going away)."""
 
     def __iter__(self) -> Iterator[protocol.ControlEvent]:
         for message in self._call:
             yield convert.control_from_pb(message)
 
     def cancel(self) -> None:
+        self.cancelled_here = True
         self._call.cancel()
 
 
