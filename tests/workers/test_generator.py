@@ -470,3 +470,17 @@ def test_when_its_coordinator_restarts_it_reconnects_and_decodes_with_the_resume
         assert all(s.versions.tolist() == [3] * LENGTH for s in g.samples)
     a = revived.stats().accounting
     assert a.balanced
+
+
+def test_an_announcement_older_than_the_loaded_weights_is_not_joined(start: Start) -> None:
+    """After an aborted epoch the generator pulled the newest weights; the broadcaster re-announces
+    the version it was sending, older now: the generator stays out of it instead of going back."""
+    rig = start(1000, buffer_groups=4, submit_wait_s=0.05)
+    rig.store.publish(snapshot.WeightSnapshot.from_named_tensors(6, {"w": torch.ones(4, 3)}.items()))
+    rig.coord.finish_step(6)
+    assert rig.coord.request_pull(GEN, 6)
+    eventually(lambda: rig.engine.weight_version == 6, what="weights v6")
+    announce(rig, 4)
+    rig.train_until(4, what="groups decoded after the announcement")  # it went on decoding
+    assert "join" not in rig.engine.sync and rig.engine.weight_version == 6
+    assert rig.thread.is_alive() and not rig.errors

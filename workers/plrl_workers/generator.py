@@ -191,6 +191,15 @@ class Generator:
         return False
 
     def _receive(self, event: protocol.WeightUpdate) -> None:
+        if event.announcement.version < self.engine.weight_version:
+            # Re-announced after an epoch this generator left: it pulled a newer version since.
+            # Not joining costs the broadcaster one join timeout; it then goes on without us.
+            log.warning(
+                "weight v%d announced, but v%d is loaded already: not joining that broadcast",
+                event.announcement.version,
+                self.engine.weight_version,
+            )
+            return
         t0 = time.perf_counter()
         try:
             self.engine.join_weight_group(event.group)
