@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic
@@ -154,6 +154,16 @@ class Throughput(_Camel):
     ratio: float = Field(default=0.0, ge=0, description="trained / generated tokens per second.")
 
 
+class SlowGenerator(_Camel):
+    """A generator the coordinator finds slow against its peers (`plrl_api.peers.slow`), now."""
+
+    generator: str = Field(description="Its generator id (its pod's name in a cluster).")
+    slow_for_seconds: float = Field(ge=0, description="How long it has been slow without a break, s.")
+    rate: float = Field(ge=0, description="Its rollout groups accepted per second over the window.")
+    peers_median: float = Field(ge=0, description="The median of its peers' rates.")
+    migrated: int = Field(default=0, ge=0, description="Its leases migrated to its peers so far.")
+
+
 class Progress(_Camel):
     """What trainer rank 0 reports in its Lease annotation `pipelinerl.io/progress` (JSON)."""
 
@@ -164,18 +174,26 @@ class Progress(_Camel):
     throughput: Throughput = Field(default_factory=Throughput)
     finished: bool = False
     """The last step is trained and checkpointed: the job has succeeded."""
+    slow_generators: list[SlowGenerator] = Field(default_factory=list)
+    """Generators slow against their peers now (their controllers replace one that stays slow)."""
 
 
 def progress(
-    record: StepRecord | None, *, step: int = 0, weight_version: int = 0, finished: bool = False
+    record: StepRecord | None,
+    *,
+    step: int = 0,
+    weight_version: int = 0,
+    finished: bool = False,
+    slow_generators: Sequence[SlowGenerator] = (),
 ) -> Progress:
     """The job's `Progress` from the latest step record.
 
     Without a record yet (e.g. a resumed job that is already done) only `step`, `weight_version`
     and `finished` are known.
     """
+    slow = list(slow_generators)
     if record is None:
-        return Progress(step=step, weight_version=weight_version, finished=finished)
+        return Progress(step=step, weight_version=weight_version, finished=finished, slow_generators=slow)
     generated = max(0.0, finite(record.generated_tokens_per_s) or 0.0)
     trained = max(0.0, finite(record.trained_tokens_per_s) or 0.0)
     return Progress(
@@ -189,6 +207,7 @@ def progress(
             ratio=trained / generated if generated > 0 else 0.0,
         ),
         finished=finished,
+        slow_generators=slow,
     )
 
 

@@ -595,7 +595,14 @@ class FailurePolicySpec(_Model):
         default=0.15,
         gt=0.0,
         lt=1.0,
-        description="A generator this fraction slower than its peers' median is replaced (0.15-0.2 typical).",
+        description="A generator this fraction slower than its peers' median is slow: part of its work "
+        "moves to its peers, and it is replaced once it stays slow (0.15-0.2 typical).",
+    )
+    slow_generator_replace_seconds: float = Field(
+        default=300.0,
+        gt=0.0,
+        le=86_400.0,
+        description="A generator slow for this long without a break is replaced (counts as a restart), s.",
     )
 
 

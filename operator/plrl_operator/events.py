@@ -12,6 +12,7 @@ UPDATED = "Updated"  # a spec change was rolled into the children
 PHASE_CHANGED = "PhaseChanged"  # e.g. Pending -> Running
 SUSPENDED = "Suspended"  # spec.suspend set: workers scaled to zero
 RESUMED = "Resumed"  # spec.suspend cleared: workers scaled back
+TRAINER_GROUP_RESTARTED = "TrainerGroupRestarted"  # a trainer failed: every trainer pod is replaced
 JOB_SUCCEEDED = "JobSucceeded"  # trainers finished totalSteps; workers scaled to zero
 
 # Warning
@@ -19,6 +20,8 @@ INVALID_SPEC = "InvalidSpec"  # the spec failed validation the API server could 
 UNSCHEDULABLE = "Unschedulable"  # pods cannot be scheduled (e.g. too few GPUs)
 RECONCILE_FAILED = "ReconcileFailed"  # an API call failed; retried with backoff
 HEARTBEAT_TIMEOUT = "HeartbeatTimeout"  # a worker stopped renewing its Lease
+SLOW_GENERATOR = "SlowGenerator"  # part of a slow generator's work moved to its peers
+NODE_NOT_READY = "NodeNotReady"  # a worker's node stayed NotReady: its pod is force-deleted to move it
 WORKER_RESTARTED = "WorkerRestarted"  # a worker failed and was restarted (counts against maxRestarts)
 JOB_FAILED = "JobFailed"  # a worker failed with maxRestarts used up; workers scaled to zero
 AUTOSCALE_NOT_APPLIED = "AutoscaleNotApplied"  # autoscale.enabled, but live rescaling is not built

@@ -7,7 +7,8 @@
 - a timer per job: observe -> decide -> act. It reads the job's StatefulSets, pods and worker
   Leases from in-memory indexes (fed by watches, so a quiet job costs no API request), asks
   `policy.decide` what to do about them (count a restart, fail or finish the job), writes status
-  (which records the decisions) only on change, posts an Event per decision, and re-runs the
+  (which records the decisions) only on change, posts an Event per decision, force-deletes the pods
+  it decided to replace (hung, or lost with a NotReady node: `node_readiness` indexes nodes), and re-runs the
   reconcile if a child went missing, drifted from the desired hash, or the job just ended (its
   StatefulSets scale to zero).
 - deletion: nothing to do; every child has the job as controller owner, so the garbage collector
@@ -43,7 +44,7 @@ from plrl_api import names
 from plrl_api import spec as spec_mod
 from plrl_operator import admission, certs, events, k8s, metrics, phases, render, status
 from plrl_operator import settings as settings_mod
-from plrl_operator.policy import decide
+from plrl_operator.policy import decide, health
 
 LOG = logging.getLogger("plrl_operator")
 GROUP, VERSION, PLURAL = spec_mod.API_GROUP, spec_mod.API_VERSION, spec_mod.PLURAL
@@ -171,6 +172,20 @@ def job_leases(
     }
 
 
+def node_readiness(name: str, status: kopf.Status, **_: Any) -> dict[str, health.NodeReadiness]:
+    """Every node's Ready condition, by name (nodes are cluster-scoped: watched cluster-wide even by
+    a namespaced operator; only the condition is kept)."""
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    since = ready.get("lastTransitionTime")
+    return {
+        name: health.NodeReadiness(
+            status=ready.get("status"),
+            since=datetime.datetime.fromisoformat(since) if isinstance(since, str) and since else None,
+            reason=str(ready.get("reason") or ""),
+        )
+    }
+
+
 def _children(body: kopf.Body, indexes: dict[str, Any]) -> status.Children:
     """The job's children as the indexes (kwargs `job_statefulsets`, ...) currently see them."""
     key = (body.metadata.namespace or "", body.metadata.name or "")
@@ -180,7 +195,11 @@ def _children(body: kopf.Body, indexes: dict[str, Any]) -> status.Children:
         return list(store[key]) if key in store else []
 
     sts = {str(s["metadata"]["labels"].get(names.LABEL_ROLE)): s for s in values("job_statefulsets")}
-    return status.Children(statefulsets=sts, pods=values("job_pods"), leases=values("job_leases"))
+    pods = values("job_pods")
+    readiness = indexes["node_readiness"]
+    on = {str(p["spec"].get("nodeName") or "") for p in pods} & set(readiness.keys())
+    nodes = {n: next(iter(readiness[n])) for n in on}
+    return status.Children(statefulsets=sts, pods=pods, leases=values("job_leases"), nodes=nodes)
 
 
 # --------------------------------------------------------------------------- reconcile
@@ -248,7 +267,7 @@ async def _reconcile_locked(
         previous = status.parse(body.get("status"))
         generators = decide.current_generators(job.spec, previous.generators)
         now = datetime.datetime.now(datetime.UTC)
-        observed = status.observation(children, job.spec.heartbeat, now)
+        observed = status.observation(children, job.spec.heartbeat, now, job.spec.failure_policy)
         verdict = decide.decide(job.spec, observed, status.history(previous))
         # A job that ended keeps its objects (ConfigMap, checkpoints' PVCs) but no running pods.
         stopped = verdict.history.outcome is not None
@@ -266,7 +285,8 @@ async def _reconcile_locked(
         # finds it and neither forgets nor counts it again (`decide.Restart.repeat`).
         await _write_status(body, job, generators, children, previous, verdict.history)
         _post_decisions(body, verdict.decisions)
-        await _replace_hung(job, verdict.decisions)
+        _post_migrations(body, memo, children)
+        await _replace(body, job, verdict.decisions, observed.workers)
     except k8s.ApiError as err:
         metrics.RECONCILE_ERRORS.labels(trigger=trigger, error=f"http{err.status}").inc()
         kopf.warn(body, reason=events.RECONCILE_FAILED, message=str(err))
@@ -336,6 +356,12 @@ def _post_decisions(body: kopf.Body, decisions: tuple[decide.Decision, ...]) -> 
     operator may miss an Event, but never repeats the decision)."""
     for d in decisions:
         if isinstance(d, decide.Restart) and not d.repeat:
+            if d.lost_node:
+                kopf.warn(
+                    body,
+                    reason=events.NODE_NOT_READY,
+                    message=f"force-deleting pod {d.worker} on node {d.lost_node} so that it is rescheduled",
+                )
             kopf.warn(body, reason=events.WORKER_RESTARTED, message=d.reason)
         elif isinstance(d, decide.Fail):
             kopf.warn(body, reason=events.JOB_FAILED, message=d.reason)
@@ -343,14 +369,51 @@ def _post_decisions(body: kopf.Body, decisions: tuple[decide.Decision, ...]) -> 
             kopf.info(body, reason=events.JOB_SUCCEEDED, message=d.reason)
 
 
-async def _replace_hung(job: spec_mod.PipelineRLJob, decisions: tuple[decide.Decision, ...]) -> None:
-    """Delete each pod `decide` wants replaced, at once (grace 0): a hung process would not act on
-    SIGTERM, and its StatefulSet creates the replacement only once the old pod is gone. Its
-    leases come back to the coordinator when its streams break; anything it sends later is fenced."""
+def _post_migrations(body: kopf.Body, memo: kopf.Memo, children: status.Children) -> None:
+    """A Warning each time trainer rank 0 has moved more of a slow generator's work to its peers
+    (remembered in the job's memo: a restarted operator may say the latest one again)."""
+    said: dict[str, int] = memo.setdefault("migrated", {})
+    slow, _ = status.slow_generators(children)
+    for gen in slow.values():
+        if gen.migrated > said.get(gen.generator, 0):
+            kopf.warn(
+                body,
+                reason=events.SLOW_GENERATOR,
+                message=f"generator {gen.generator} is slow: {gen.rate:.2f} rollout groups/s against its "
+                f"peers' median {gen.peers_median:.2f} for {gen.slow_for_seconds:.0f} s; "
+                f"{gen.migrated} of its leases migrated to its peers so far",
+            )
+            said[gen.generator] = gen.migrated
+
+
+async def _replace(
+    body: kopf.Body,
+    job: spec_mod.PipelineRLJob,
+    decisions: tuple[decide.Decision, ...],
+    workers: tuple[decide.Worker, ...],
+) -> None:
+    """Delete each pod `decide` wants replaced, at once (grace 0, a force delete): a hung process
+    would not act on SIGTERM, a lost node's kubelet would never confirm a graceful delete, and the
+    StatefulSet creates the replacement only once the old pod is gone. Its leases come back to the
+    coordinator when its streams break; anything it sends later is fenced. A trainer's restart
+    takes every trainer pod along (`decide.trainer_group`), the one the kubelet already restarted
+    included: the new group meets at a fresh rendezvous and resumes from the latest checkpoint."""
     ns = job.metadata.namespace or "default"
-    for d in decisions:
-        if isinstance(d, decide.Restart) and not d.by_platform:
-            await asyncio.to_thread(client().delete_pod, ns, d.worker, 0)
+    doomed = [d.worker for d in decisions if isinstance(d, decide.Restart) and not d.by_platform]
+    trainer_group = decide.trainer_group(decisions, workers)
+    if len(trainer_group) < 2:
+        trainer_group = ()  # a lone trainer the kubelet restarted has its fresh group already
+    doomed += [t for t in trainer_group if t not in doomed]
+    uids = {w.name: w.instance for w in workers}
+    if trainer_group:
+        kopf.info(
+            body,
+            reason=events.TRAINER_GROUP_RESTARTED,
+            message=f"replacing trainer pods {', '.join(trainer_group)}: the group resumes from its "
+            "latest checkpoint (one restart counted)",
+        )
+    for pod in doomed:
+        await asyncio.to_thread(client().delete_pod, ns, pod, 0, uids.get(pod))
 
 
 def _entered(
@@ -427,6 +490,7 @@ def register(registry: kopf.OperatorRegistry, config: settings_mod.OperatorConfi
     kopf.index("apps", "v1", "statefulsets", labels=children, registry=registry)(job_statefulsets)
     kopf.index("", "v1", "pods", labels=children, registry=registry)(job_pods)
     kopf.index("coordination.k8s.io", "v1", "leases", labels=children, registry=registry)(job_leases)
+    kopf.index("", "v1", "nodes", registry=registry)(node_readiness)
     kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)(on_create)
     kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", field="spec", registry=registry)(on_update)
     kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)(on_resume)

@@ -197,17 +197,16 @@ class Client:
             if err.status != 409:  # created meanwhile (another replica): keep theirs
                 raise
 
-    def delete_pod(self, namespace: str, name: str, grace_s: int) -> None:
-        """Delete a pod (already gone: nothing to do)."""
+    def delete_pod(self, namespace: str, name: str, grace_s: int, uid: str | None = None) -> None:
+        """Delete a pod (already gone: nothing to do). With `uid`, only that incarnation: a pod its
+        StatefulSet already recreated under the same name is left alone."""
+        options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": grace_s}
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
         try:
-            self.request(
-                "DELETE",
-                f"{POD_KIND.collection(namespace)}/{name}",
-                kind="Pod",
-                body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": grace_s},
-            )
+            self.request("DELETE", f"{POD_KIND.collection(namespace)}/{name}", kind="Pod", body=options)
         except ApiError as err:
-            if err.status != 404:
+            if err.status not in (404, 409):  # 409: the uid precondition failed (a newer pod)
                 raise
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:

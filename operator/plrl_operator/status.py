@@ -99,6 +99,8 @@ class Children:
     statefulsets: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # by role
     pods: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     leases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    nodes: dict[str, health.NodeReadiness] = dataclasses.field(default_factory=dict)
+    """Readiness of the nodes the pods are on, by node name (a node not listed is not judged)."""
 
 
 def parse(raw: dict[str, Any] | None) -> JobStatus:
@@ -236,23 +238,33 @@ def _container_detail(status: dict[str, Any]) -> tuple[int | None, str]:
 
 
 def workers(
-    children: Children, heartbeat: spec_mod.HeartbeatSpec | None = None, now: datetime.datetime | None = None
+    children: Children,
+    heartbeat: spec_mod.HeartbeatSpec | None = None,
+    now: datetime.datetime | None = None,
+    failure_policy: spec_mod.FailurePolicySpec | None = None,
 ) -> tuple[decide.Worker, ...]:
     """The job's pods as `policy.decide` sees them: restarts the kubelet did, and why. With
-    `heartbeat` and `now`, a running pod whose Lease has not been renewed for `timeoutSeconds` is
-    hung (the kubelet sees a live process and would never restart it) and needs replacing."""
+    `heartbeat` and `now`, kinds the kubelet never acts on need replacing: a pod on a node that has
+    not been Ready for `timeoutSeconds` was lost with it (its kubelet is gone: the pod stays
+    "Running", or Terminating once evicted, until someone force-deletes it); a running pod whose
+    Lease has not been renewed for `timeoutSeconds` is hung (the kubelet sees a live process); and,
+    with `failure_policy`, a generator that trainer rank 0 reports slow for
+    `slowGeneratorReplaceSeconds` stayed slow."""
     renewed = {
         str((lease.get("spec") or {}).get("holderIdentity") or ""): _time(
             (lease.get("spec") or {}).get("renewTime")
         )
         for lease in children.leases
     }
+    slow, reported_at = slow_generators(children)
     out = []
     for pod in children.pods:
         meta = pod.get("metadata", {})
         role = _role(pod)
-        if meta.get("deletionTimestamp") or role not in names.ROLES:
-            continue
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        lost = _lost_node(children.nodes.get(node), _time(meta.get("creationTimestamp")), heartbeat, now)
+        if role not in names.ROLES or (meta.get("deletionTimestamp") and lost is None):
+            continue  # a pod being deleted by its kubelet is not ours to judge
         statuses = (pod.get("status") or {}).get("containerStatuses") or []
         restarts = sum(int(c.get("restartCount") or 0) for c in statuses)
         code, detail = None, ""
@@ -262,20 +274,27 @@ def workers(
                 code, detail = c_code, f"container {c.get('name')}: {c_detail}" if c_detail else ""
         running = bool(statuses) and all("running" in (c.get("state") or {}) for c in statuses)
         name = str(meta.get("name"))
-        hung = False
-        if running and heartbeat is not None and now is not None:
-            # Since the container last started: a Lease renewed by its previous run says nothing.
-            starts = [t for t in map(_started, statuses) if t is not None]
-            started = max(starts) if starts else _time(meta.get("creationTimestamp"))
+        # Since the container last started: a Lease renewed by its previous run says nothing.
+        starts = [t for t in map(_started, statuses) if t is not None]
+        started = max(starts) if starts else _time(meta.get("creationTimestamp"))
+        how, replace = "", False
+        if lost is not None:
+            how, replace, detail = "was lost", True, f"its node {node} {lost}"
+        elif running and heartbeat is not None and now is not None:
             beat = health.Beat(name, True, started, renewed.get(name))
             if health.classify(beat, now, heartbeat.timeout_seconds) is health.Health.STALE:
                 last = renewed[name]
                 assert last is not None
-                hung = True
+                replace = True
                 detail = (
                     f"no heartbeat for {(now - last).total_seconds():.0f} s "
                     f"(spec.heartbeat.timeoutSeconds={heartbeat.timeout_seconds:g}): hung or cut off"
                 )
+            elif role == names.GENERATOR and name in slow and failure_policy is not None:
+                assert reported_at is not None
+                why = health.stays_slow(slow[name], reported_at, started, failure_policy)
+                if why is not None:
+                    how, replace, detail = "stayed slow", True, why
         out.append(
             decide.Worker(
                 name=name,
@@ -284,11 +303,47 @@ def workers(
                 running=running,
                 exit_code=code,
                 platform_restarts=restarts,
-                needs_restart=hung,
+                needs_restart=replace,
                 detail=detail,
+                lost_node=node if lost is not None else "",
+                how=how,
             )
         )
     return tuple(out)
+
+
+def slow_generators(children: Children) -> tuple[dict[str, records.SlowGenerator], datetime.datetime | None]:
+    """The slow generators trainer rank 0 reports, by generator id (= pod name), and when it said so."""
+    for lease in _current_leases(children):
+        report = records.parse_annotations(lease.get("metadata", {}).get("annotations", {}))
+        renewed = _time((lease.get("spec") or {}).get("renewTime"))
+        if report is not None and report.progress is not None and renewed is not None:
+            return {s.generator: s for s in report.progress.slow_generators}, renewed
+    return {}, None
+
+
+def _lost_node(
+    node: health.NodeReadiness | None,
+    created: datetime.datetime | None,
+    heartbeat: spec_mod.HeartbeatSpec | None,
+    now: datetime.datetime | None,
+) -> str | None:
+    """Why the pod's node is given up on ("has not been Ready for ..."), or None. Only a pod that
+    was there before the node went down is lost with it: one bound to it later never started, and
+    replacing it again and again would only spend the restart budget (the scheduler keeps new pods
+    off a tainted NotReady node)."""
+    if node is None or heartbeat is None or now is None:
+        return None
+    if created is not None and node.since is not None and created >= node.since:
+        return None
+    down = health.node_lost(node, now, heartbeat.timeout_seconds)
+    if down is None:
+        return None
+    why = f" ({node.reason})" if node.reason else ""
+    return (
+        f"has not been Ready for {down:.0f} s{why} "
+        f"(spec.heartbeat.timeoutSeconds={heartbeat.timeout_seconds:g}): lost with it"
+    )
 
 
 def _started(container_status: dict[str, Any]) -> datetime.datetime | None:
@@ -312,10 +367,23 @@ def history(previous: JobStatus) -> decide.History:
 
 
 def observation(
-    children: Children, heartbeat: spec_mod.HeartbeatSpec | None = None, now: datetime.datetime | None = None
+    children: Children,
+    heartbeat: spec_mod.HeartbeatSpec | None = None,
+    now: datetime.datetime | None = None,
+    failure_policy: spec_mod.FailurePolicySpec | None = None,
 ) -> decide.Observation:
-    """What `policy.decide` looks at. Only a Lease renewed by a current pod (after it was created) can
-    say the job finished: a report left over from an earlier pod or job must not end this one."""
+    """What `policy.decide` looks at."""
+    progress = progress_from_leases(_current_leases(children))
+    return decide.Observation(
+        workers=workers(children, heartbeat, now, failure_policy),
+        finished=progress is not None and progress.finished,
+    )
+
+
+def _current_leases(children: Children) -> list[dict[str, Any]]:
+    """The Leases renewed by a current pod (after it was created). Only these speak for the job (it
+    finished, a generator is slow): a report left over from an earlier pod or job must not act on
+    this one."""
     created = {
         str(p["metadata"].get("name")): _time(p["metadata"].get("creationTimestamp"))
         for p in children.pods
@@ -328,10 +396,7 @@ def observation(
         born = created.get(holder)
         if holder in created and renewed is not None and (born is None or renewed >= born):
             current.append(lease)
-    progress = progress_from_leases(current)
-    return decide.Observation(
-        workers=workers(children, heartbeat, now), finished=progress is not None and progress.finished
-    )
+    return current
 
 
 def _time(raw: Any) -> datetime.datetime | None:

@@ -14,6 +14,12 @@ The seam is PodRunner, chosen per node by its `plrl.dev/runner` label (nodes.RUN
 A runner may poke the agent (`NodeAgent.poke`) when a pod's state changed, so the status follows at
 once rather than at the next resync.
 
+A fake node whose Ready condition is not True is down, as if the machine had lost power: the agent
+kills its pods' containers (`PodRunner.power_off`) and then says nothing about them: no status
+writes and no deletion is ever completed there (a pod deleted gracefully stays Terminating), until
+someone force-deletes the pod. Tests take a node down by patching its Ready condition
+(nodes.set_ready), as the node lifecycle controller would when its kubelet stops posting.
+
 Run: python -m tests.infra.node_agent --kubeconfig K [--ready-file F] [--state-dir D --pki-dir P
 --api-server URL] (controlplane.py does this).
 Neighbours: nodes.py (the nodes), controlplane.py (starts this process and waits for --ready-file),
@@ -98,6 +104,11 @@ class PodRunner(Protocol):
         blocking; True once they are all gone. Idempotent: called again until it says True."""
         ...
 
+    def power_off(self, pod: Pod) -> None:
+        """The pod's node is down (not Ready): kill its containers at once, as a machine that lost
+        power would; nothing is reported and the pod object is left as it was."""
+        ...
+
     def close(self) -> None:
         """The agent is stopping: stop every pod, quickly, and release what the runner holds."""
         ...
@@ -156,6 +167,9 @@ class StatusOnlyRunner:
     def stop(self, pod: Pod) -> bool:
         self._crashing_since.pop(pod["metadata"]["uid"], None)
         return True
+
+    def power_off(self, pod: Pod) -> None:
+        pass  # nothing runs
 
     def close(self) -> None:
         self._crashing_since.clear()
@@ -298,6 +312,7 @@ class NodeAgent:
         # a pod whose node is not yet known as fake is looked at again on the next resync.
         self._pods: dict[str, Pod] = {}
         self._fake_nodes: dict[str, str] = {}  # fake node -> its runner's name
+        self._down: frozenset[str] = frozenset()  # fake nodes whose Ready condition is not True
         self._nodes_listed_at = 0.0
         self._used: dict[str, PodRunner] = {}
         self.synced = threading.Event()
@@ -312,9 +327,12 @@ class NodeAgent:
             try:
                 kind, obj = self._events.get(timeout=self._resync_s)
             except queue.Empty:
+                self._list_nodes()
                 for pod in list(self._pods.values()):
                     self._reconcile(pod)
                 continue
+            if time.monotonic() - self._nodes_listed_at > self._resync_s:
+                self._list_nodes()  # a node that went down is noticed even while pods keep changing
             if kind == "LIST":
                 self._on_list(obj)
                 self.synced.set()
@@ -339,18 +357,28 @@ class NodeAgent:
         for pod in fresh.values():
             self._reconcile(pod)
 
+    def _list_nodes(self) -> None:
+        try:
+            listed = self._core.list_node(label_selector=f"{nodes.FAKE_NODE_LABEL}=true")
+        except (exceptions.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            log.warning("nodes: %s", e)
+            return
+        self._nodes_listed_at = time.monotonic()
+        named = [n for n in listed.items if n.metadata and n.metadata.name]
+        self._fake_nodes = {
+            n.metadata.name: (n.metadata.labels or {}).get(nodes.RUNNER_LABEL, DEFAULT_RUNNER) for n in named
+        }
+        down = frozenset(n.metadata.name for n in named if nodes.ready(n) != "True")
+        for name in down - self._down:
+            log.info("node %s: not Ready: its pods are powered off", name)
+        self._down = down
+        for n in named:
+            self._advertise(n)
+
     def _runner(self, node: str) -> PodRunner | None:
         # Relisted at most once a second: a burst of pods on a new node costs one list.
         if node and node not in self._fake_nodes and time.monotonic() - self._nodes_listed_at > 1.0:
-            listed = self._core.list_node(label_selector=f"{nodes.FAKE_NODE_LABEL}=true")
-            self._fake_nodes = {
-                n.metadata.name: (n.metadata.labels or {}).get(nodes.RUNNER_LABEL, DEFAULT_RUNNER)
-                for n in listed.items
-                if n.metadata and n.metadata.name
-            }
-            self._nodes_listed_at = time.monotonic()
-            for n in listed.items:
-                self._advertise(n)
+            self._list_nodes()
         name = self._fake_nodes.get(node)
         if name is None:
             return None
@@ -381,8 +409,12 @@ class NodeAgent:
     def _reconcile(self, pod: Pod) -> None:
         meta = pod["metadata"]
         try:
-            runner = self._runner(pod["spec"].get("nodeName", ""))
+            node = pod["spec"].get("nodeName", "")
+            runner = self._runner(node)
             if runner is None:
+                return
+            if node in self._down:
+                runner.power_off(pod)  # and nothing more: a node that is down reports nothing
                 return
             if meta.get("deletionTimestamp"):
                 if runner.stop(pod):  # the runner pokes us when it is done

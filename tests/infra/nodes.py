@@ -30,6 +30,8 @@ POOL_LABEL = "plrl.dev/pool"  # set by the gpu_nodes fixture: one value per grou
 # controller once the node is Ready. Our control plane runs neither; create() still lifts it, for a
 # cluster that has the plugin on.
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# What the node lifecycle controller taints a node with once its kubelet stopped posting status.
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 # The kubelet port a new node advertises; the node agent replaces it with its log endpoint's port.
 KUBELET_PORT = 10250
 
@@ -178,3 +180,37 @@ def delete(core: client.CoreV1Api, names: list[str]) -> None:
         except exceptions.ApiException as e:
             if e.status != 404:
                 raise
+
+
+def ready(node: client.V1Node) -> str | None:
+    """The node's Ready condition status ("True", "False", "Unknown"), None if it has none."""
+    for c in (node.status.conditions if node.status else None) or []:
+        if c.type == "Ready":
+            return str(c.status)
+    return None
+
+
+def lose(core: client.CoreV1Api, name: str) -> None:
+    """Take a fake node down as a lost machine looks to the cluster: what the node lifecycle
+    controller (not run here) does once a kubelet stops posting. Ready becomes Unknown, and the node
+    is tainted unreachable (NoSchedule keeps new pods off it; NoExecute is what an eviction of its
+    pods would follow). The node agent then powers its pods off and reports nothing more for them."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    condition = {
+        "type": "Ready",
+        "status": "Unknown",
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": stamp,
+        "lastTransitionTime": stamp,
+    }
+    core.patch_node_status(name, {"status": {"conditions": [condition]}})  # merged by type
+    node = core.read_node(name)
+    kept = [
+        {"key": t.key, "value": t.value, "effect": t.effect}
+        for t in (node.spec.taints if node.spec else None) or []
+        if t.key != UNREACHABLE_TAINT
+    ]
+    added = [{"key": UNREACHABLE_TAINT, "effect": e, "timeAdded": stamp} for e in ("NoSchedule", "NoExecute")]
+    # A strategic-merge patch of a list without a merge key replaces it whole.
+    core.patch_node(name, {"spec": {"taints": kept + added}})

@@ -209,6 +209,13 @@ class PodWorker:
             if self.grace_s is None or grace_s < self.grace_s:
                 self.grace_s = grace_s
 
+    def power_off(self) -> None:
+        """The machine is gone: every process dies at once, with no SIGTERM first."""
+        with self.lock:
+            self.grace_s = 0.0
+            if self.kill_after is None:
+                self.kill_after = 0.0
+
     def _changed(self) -> None:
         state = self.snapshot()
         key = (state.phase, state.pod_ip, state.containers, state.init_containers, state.message)
@@ -602,6 +609,12 @@ class ProcessRunner:
                 self._workers.pop(uid, None)
             return True
         return False
+
+    def power_off(self, pod: Pod) -> None:
+        with self._lock:
+            worker = self._workers.get(pod["metadata"]["uid"])
+        if worker is not None:
+            worker.power_off()
 
     def close(self) -> None:
         with self._lock:

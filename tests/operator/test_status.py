@@ -15,9 +15,9 @@ import datetime
 import json
 from typing import Any
 
-from plrl_api import names, spec
+from plrl_api import names, records, spec
 from plrl_operator import k8s, phases, status
-from plrl_operator.policy import decide
+from plrl_operator.policy import decide, health
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(minutes=5)
@@ -397,3 +397,91 @@ def test_a_running_pod_whose_lease_went_stale_is_hung_and_replaced() -> None:
     assert status.history(s).replacing == {"uid-demo-generator-1"}
     # Without heartbeat settings (or a time) nothing is judged hung.
     assert not any(w.needs_restart for w in status.observation(children).workers)
+
+
+def test_pods_on_a_node_not_ready_past_the_timeout_are_lost_with_it() -> None:
+    """A node whose kubelet is gone: its pods still read Running (or Terminating once evicted), so
+    only the node's Ready condition tells; past heartbeat.timeoutSeconds they are replaced."""
+    job = _job(heartbeat={"intervalSeconds": 2, "timeoutSeconds": 10})
+    children = _running_children()
+    for pod in children.pods:
+        _running_since(pod, "2026-01-01T11:00:00Z")
+        pod["metadata"]["creationTimestamp"] = "2026-01-01T11:00:00Z"
+    children.pods[0]["spec"]["nodeName"] = "gpu-2"  # generator-0 alone on the node that goes down
+    children.pods[3]["spec"]["nodeName"] = "gpu-2"  # trainer-1 too, already evicted: stuck Terminating
+    children.pods[3]["metadata"]["deletionTimestamp"] = "2026-01-01T11:59:58Z"
+    children.leases.extend(_beat(p["metadata"]["name"], T0) for p in children.pods)  # all still fresh
+    up = health.NodeReadiness("True", T0 - datetime.timedelta(hours=1), "KubeletReady")
+    down = health.NodeReadiness("Unknown", T0 - datetime.timedelta(seconds=12), "NodeStatusUnknown")
+    children.nodes.update({"gpu-1": up, "gpu-2": down})
+
+    observed = status.observation(children, job.spec.heartbeat, T0)
+    lost = [w for w in observed.workers if w.needs_restart]
+    assert [(w.name, w.lost_node) for w in lost] == [
+        ("demo-generator-0", "gpu-2"),
+        ("demo-trainer-1", "gpu-2"),
+    ]
+    assert lost[0].detail == (
+        "its node gpu-2 has not been Ready for 12 s (NodeStatusUnknown) "
+        "(spec.heartbeat.timeoutSeconds=10): lost with it"
+    )
+    verdict = decide.decide(job.spec, observed, decide.History())
+    assert [(d.worker, d.lost_node, d.by_platform) for d in verdict.decisions] == [  # type: ignore[union-attr]
+        ("demo-trainer-1", "gpu-2", False),
+        ("demo-generator-0", "gpu-2", False),
+    ]
+    assert verdict.decisions[1].reason.startswith("generator demo-generator-0 was lost: its node gpu-2")
+    assert verdict.history.restarts == 2
+
+    # Not down long enough, or a pod bound to the node after it went down (it never started there):
+    # nothing is lost.
+    early = status.observation(children, job.spec.heartbeat, T0 - datetime.timedelta(seconds=3))
+    assert not any(w.needs_restart for w in early.workers)
+    children.pods[0]["metadata"]["creationTimestamp"] = "2026-01-01T11:59:55Z"
+    later = status.observation(children, job.spec.heartbeat, T0)
+    assert [w.name for w in later.workers if w.needs_restart] == ["demo-trainer-1"]
+
+
+def _coordinator_lease(renewed: datetime.datetime, *slow: records.SlowGenerator) -> dict[str, Any]:
+    report = records.WorkerReport(
+        role=names.TRAINER, progress=records.Progress(step=9, slow_generators=list(slow))
+    )
+    return {
+        "metadata": {"name": "demo-demo-trainer-0", "annotations": records.lease_annotations(report)},
+        "spec": {"holderIdentity": "demo-trainer-0", "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")},
+    }
+
+
+def test_a_generator_rank_0_reports_slow_for_the_replace_time_is_replaced() -> None:
+    """Rank 0 says generator-1 has been slow for 130 s (and its work migrated twice): past
+    failurePolicy.slowGeneratorReplaceSeconds=120 it is replaced; generator-0, slow for 60 s, is
+    not yet; a pod that started after the slow spell began is a replacement, judged afresh."""
+    job = _job(
+        heartbeat={"intervalSeconds": 2, "timeoutSeconds": 10},
+        failurePolicy={"slowGeneratorThreshold": 0.2, "slowGeneratorReplaceSeconds": 120},
+    )
+    children = _running_children()
+    for pod in children.pods:
+        _running_since(pod, "2026-01-01T11:00:00Z")
+        pod["metadata"]["creationTimestamp"] = "2026-01-01T11:00:00Z"
+    children.leases.extend(_beat(p["metadata"]["name"], T0) for p in children.pods[:3])
+    slow = records.SlowGenerator(
+        generator="demo-generator-1", slow_for_seconds=130, rate=0.5, peers_median=2.0, migrated=6
+    )
+    early = records.SlowGenerator(
+        generator="demo-generator-0", slow_for_seconds=60, rate=0.5, peers_median=2.0
+    )
+    children.leases.append(_coordinator_lease(T0, slow, early))
+    observed = status.observation(children, job.spec.heartbeat, T0, job.spec.failure_policy)
+    (w,) = [w for w in observed.workers if w.needs_restart]
+    assert (w.name, w.how) == ("demo-generator-1", "stayed slow")
+    (d,) = decide.decide(job.spec, observed, decide.History()).decisions
+    assert isinstance(d, decide.Restart) and not d.by_platform
+    assert d.reason == (
+        "generator demo-generator-1 stayed slow: for 130 s: 0.50 rollout groups/s against its peers' "
+        "median 2.00 (spec.failurePolicy.slowGeneratorThreshold=0.2, slowGeneratorReplaceSeconds=120); "
+        "6 of its leases migrated meanwhile; restart 1/10"
+    )
+    _running_since(children.pods[1], "2026-01-01T11:58:30Z")  # replaced 90 s ago, in the 130 s spell
+    after = status.observation(children, job.spec.heartbeat, T0, job.spec.failure_policy)
+    assert not any(w.needs_restart for w in after.workers)

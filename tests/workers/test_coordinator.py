@@ -464,7 +464,8 @@ def test_a_prompt_budget_leaves_nothing_issued_and_untrained() -> None:
 
 def test_a_slow_generator_s_newest_leases_migrate_to_its_peers() -> None:
     """Seed 3.3.1: a generator completing well below its peers' rate loses the newest half of its
-    leases to the queue (its peers lease them next), and its late results for them are refused."""
+    leases to the queue (its peers lease them next), and its late results for them are refused; it
+    is reported slow, with how long it has been, until a new process takes its name."""
     clock = Clock()
     c = make(n=100, clock=clock, buffer_groups=100)
     c.register("c")
@@ -487,6 +488,18 @@ def test_a_slow_generator_s_newest_leases_migrate_to_its_peers() -> None:
     clock.t += 1
     assert c.migrate_from_slow(threshold=0.2, window_s=30.0) == []
     assert_balanced(c)
+    # Slow for 1 s now, without a break (what its controller replaces it by, once long enough).
+    (slow,) = c.slow_generators()
+    assert (slow.generator, slow.slow_for_seconds, slow.migrated) == ("c", 1.0, 2)
+    assert slow.rate == pytest.approx(2 / 30) and slow.peers_median == pytest.approx(9.5 / 30)
+    clock.t += 5
+    assert c.slow_generators()[0].slow_for_seconds == 6.0
+    # A new process under its name is judged afresh; one that catches up is slow no more.
+    c.register("c")
+    assert c.slow_generators() == []
+    clock.t += 31  # the window forgets every completion: nobody has a rate above the others'
+    c.migrate_from_slow(threshold=0.2, window_s=30.0)
+    assert c.slow_generators() == []
 
 
 def test_generators_too_new_to_judge_keep_their_leases() -> None:

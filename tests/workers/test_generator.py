@@ -420,7 +420,7 @@ def test_asked_to_stop_while_backpressured_it_stops_without_waiting_for_the_trai
 
 def test_a_generator_replaced_under_its_id_stops_and_asks_to_be_restarted(start: Start) -> None:
     """Another process registered as this generator (its replacement): the old one's control stream
-    ends, so its run ends with `lost` set (its exit code then is `lifecycle.EXIT_RESTART_ME`, never
+    ends, so its run ends with `lost` set (its exit code then is `names.EXIT_RESTART_ME`, never
     the 0 that means "my work is done"), and the prompts it held are leased again."""
     engine = FakeEngine()
     engine.allow(0)  # holding its leases, like a hung process

@@ -21,7 +21,7 @@ for the coordinator to listen again, registers anew (a new incarnation) and load
 version the trainer resumed at, older ones included. A generator exits 0 only when its work is done
 (the coordinator said stop, or no prompt is left to lease) or when it was asked to stop (SIGTERM);
 one that was replaced (fenced: another process registered under its id, or declared dead) exits
-`lifecycle.EXIT_RESTART_ME`, so its controller (the kubelet, `plrl run`) starts it again: an exit 0
+`names.EXIT_RESTART_ME`, so its controller (the kubelet, `plrl run`) starts it again: an exit 0
 would read as a normal finish and leave the job without that generator.
 
 Neighbours: `engines/` (decoding), `rpc/client.py` + `rpc/rollout_stream.py` (coordinator),
@@ -530,6 +530,6 @@ def main(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> int:
         gen.coord.close()
     if gen.lost:
         log.error("generator %s cannot go on: %s; exiting to be restarted", gen.generator_id, gen.lost)
-        return lifecycle.EXIT_RESTART_ME
+        return names.EXIT_RESTART_ME
     log.info("generator %s done (%d refused rollouts)", gen.generator_id, gen.refused)
     return 0

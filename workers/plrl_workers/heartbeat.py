@@ -37,7 +37,7 @@ import math
 import os
 import pathlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from plrl_api import identity, names, records, worker_config
@@ -118,6 +118,7 @@ def trainer_report(
     finished: bool,
     tokens_per_second: float | None = None,
     queue_depth: int | None = None,
+    slow_generators: Sequence[records.SlowGenerator] = (),
 ) -> records.WorkerReport:
     """Trainer rank 0's report: its progress (once there is something to say) and its rates."""
     return records.WorkerReport(
@@ -128,7 +129,13 @@ def trainer_report(
         utilisation=min(1.0, record.busy_s / record.step_s)
         if record is not None and record.step_s > 0
         else None,
-        progress=records.progress(record, step=step, weight_version=weight_version, finished=finished)
+        progress=records.progress(
+            record,
+            step=step,
+            weight_version=weight_version,
+            finished=finished,
+            slow_generators=slow_generators,
+        )
         if record is not None or finished
         else None,
     )

@@ -26,8 +26,6 @@ from plrl_workers import heartbeat
 
 log = logging.getLogger("plrl.lifecycle")
 
-EXIT_RESTART_ME = names.EXIT_RESTART_ME  # lost the coordinator or replaced: restart, not charged
-
 
 def park(beat: heartbeat.Heartbeat | None, stop: threading.Event, what: str) -> None:
     """In a pod (`beat` renews its Lease on the API server): wait for `stop` (SIGTERM). Otherwise
@@ -63,4 +61,4 @@ def _die(grace_s: float) -> None:
     logging.shutdown()
     if os.getpgrp() == os.getpid():  # leader of its own group (plrl run): take the children along
         os.killpg(os.getpgrp(), signal.SIGKILL)
-    os._exit(EXIT_RESTART_ME)
+    os._exit(names.EXIT_RESTART_ME)  # ended hard, not failed: restarted, not charged

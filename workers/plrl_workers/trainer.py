@@ -232,8 +232,14 @@ class Coordination:
                 f.write(record.to_json() + "\n")
         return record
 
-    def close(self) -> None:
-        self.coord.stop("training finished")
+    def close(self, finished: bool) -> None:
+        """Stop serving. Generators are told to stop only if the job is `finished`; otherwise (this
+        trainer restarts: told to stop by its controller, or its group broke) their streams just
+        end, which they read as the coordinator being gone: they reconnect to its successor."""
+        if finished:
+            self.coord.stop("training finished")
+        else:
+            self.coord.stop("the trainer is restarting", tell_generators=False)
         self.server.stop(grace_s=0.5)  # the acks of groups in flight; nothing else is served now
         self.broadcaster.close()
         self.metrics_endpoint.close()
@@ -327,6 +333,7 @@ class TrainLoop:
                 forget_steps_after(self.hub.run_dir / records.METRICS_FILE, self.step)
         self.rl_cfg = rl_step.RLConfig.from_spec(spec)
         self.closing = False
+        self.out_of_prompts = False  # the prompt source ran dry before totalSteps
         # One Lease per pod, so only its first rank renews it; under `plrl run` every process beats.
         one_per_pod = ranks.local_rank == 0 or ident.pod_name is None
         self.heartbeat = heartbeat.start(cfg, ident, self.heartbeat_report) if one_per_pod else None
@@ -349,6 +356,7 @@ class TrainLoop:
             finished=self.done and self.closing,
             tokens_per_second=hub.metrics.trained_tokens_per_second(),
             queue_depth=hub.coord.stats().accounting.buffered,
+            slow_generators=hub.coord.slow_generators(),
         )
 
     def train_one(self) -> bool:
@@ -358,7 +366,8 @@ class TrainLoop:
         groups = _broadcast_groups(hub.take(self.n_groups, self.stop) if hub else None, self.ranks.rank)
         t_busy = time.perf_counter()
         if len(groups) < self.n_groups:
-            why = "asked to stop" if self.stop.is_set() else "no more prompts"
+            self.out_of_prompts = not self.stop.is_set()
+            why = "no more prompts" if self.out_of_prompts else "asked to stop"
             log.info("stopping at step %d: %s", self.step, why)
             return False
         version = engine.version
@@ -406,7 +415,7 @@ class TrainLoop:
     def close(self) -> None:
         self.closing = True  # from now on the heartbeat says `finished` if the job is done
         if self.hub is not None:
-            self.hub.close()
+            self.hub.close(finished=self.done or self.out_of_prompts)
         self.engine.close()
         if self.heartbeat is not None:
             if self.done:
@@ -430,6 +439,13 @@ def train(
                 # The last version is only made pullable: generators stop once every prompt is
                 # leased, so announcing it would wait out the join timeout for members already gone.
                 loop.publish(announce=not loop.done)
+    except RuntimeError as err:  # DistError is one
+        if ranks.world_size == 1 or not training.is_group_failure(err):
+            raise
+        # A peer rank died (its failure is the one charged): this rank cannot go on alone, and the
+        # group restarts from the latest checkpoint (`policy.decide.trainer_group`).
+        log.error("the trainer group broke (%s: %s); exiting to restart with it", type(err).__name__, err)
+        return names.EXIT_RESTART_ME
     finally:
         loop.close()
     return 0 if loop.done or stop.is_set() else 1

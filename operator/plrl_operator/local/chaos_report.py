@@ -40,6 +40,8 @@ class FaultCost:
 @dataclasses.dataclass(frozen=True)
 class KindCost:
     kind: str
+    role: str
+    """The targets' role ("generator", "trainer"): a trainer's kill costs a restart of the group."""
     injected: int
     detected: int
     detection_s: tuple[float, ...]
@@ -47,16 +49,16 @@ class KindCost:
     throughput_lost: tuple[float, ...]
 
     def line(self) -> str:
-        def span(xs: Sequence[float], unit: str) -> str:
+        def span(xs: Sequence[float], fmt: str) -> str:
             if not xs:
                 return "-"
-            return f"{statistics.median(xs):.1f}{unit} (max {max(xs):.1f}{unit})"
+            return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
 
-        lost = f"{statistics.median(self.throughput_lost):.0%}" if self.throughput_lost else "-"
         return (
-            f"{self.kind:<5} injected {self.injected}, restarted {self.detected}; "
-            f"detection {span(self.detection_s, ' s')}; training again after {span(self.recovery_s, ' s')}; "
-            f"throughput lost (median, {WINDOW_S:.0f} s after vs before) {lost}"
+            f"{self.kind:<4} {self.role:<9} injected {self.injected}, restarted {self.detected}; medians "
+            f"(min-max): detection {span(self.detection_s, '.1f')} s; training again after "
+            f"{span(self.recovery_s, '.1f')} s; throughput lost ({WINDOW_S:.0f} s after vs before) "
+            f"{span(self.throughput_lost, '.0%')}"
         )
 
 
@@ -92,13 +94,19 @@ def fault_costs(doc: dict[str, Any], window_s: float = WINDOW_S) -> list[FaultCo
     return out
 
 
+def _role(target: str) -> str:
+    return target.rsplit("-", 1)[0]  # generator-1 -> generator
+
+
 def by_kind(costs: Sequence[FaultCost]) -> list[KindCost]:
+    """Costs by fault kind and target role, in that order."""
     out = []
-    for kind in sorted({c.kind for c in costs}):
-        mine = [c for c in costs if c.kind == kind]
+    for kind, role in sorted({(c.kind, _role(c.target)) for c in costs}):
+        mine = [c for c in costs if c.kind == kind and _role(c.target) == role]
         out.append(
             KindCost(
                 kind=kind,
+                role=role,
                 injected=len(mine),
                 detected=sum(c.detection_s is not None for c in mine),
                 detection_s=tuple(c.detection_s for c in mine if c.detection_s is not None),

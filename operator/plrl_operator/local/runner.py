@@ -241,35 +241,45 @@ class Launch:
         return process_specs(self.pod_plan, self.configs(), self.token, self.run_dir, self.gpus)
 
 
-def _renewed(run_dir: pathlib.Path, name: str) -> datetime.datetime | None:
+def _lease(run_dir: pathlib.Path, name: str) -> tuple[datetime.datetime, records.WorkerReport | None] | None:
+    """When process `name` last renewed its heartbeat file, and what it reported then."""
     try:
         lease = json.loads((run_dir / records.HEARTBEAT_DIR / f"{name}.json").read_text())
-        return datetime.datetime.fromisoformat(str(lease["spec"]["renewTime"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        renewed = datetime.datetime.fromisoformat(str(lease["spec"]["renewTime"]))
+        return renewed, records.parse_annotations(lease["metadata"].get("annotations") or {})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # none yet, or being replaced this instant: the next look sees it
 
 
 def observe(
     sup: processes.Supervisor,
     run_dir: pathlib.Path,
-    heartbeat: spec_mod.HeartbeatSpec,
+    job: spec_mod.PipelineRLJob,
     now: datetime.datetime | None = None,
 ) -> decide.Observation:
     """The processes as `policy.decide` sees them. Trainer rank 0 exits 0 only once the last step
     is trained and checkpointed (or when told to stop, which only this runner does). A running
     process whose heartbeat file has not been renewed for `heartbeat.timeoutSeconds` is hung
-    (stopped, deadlocked) and needs a restart like a dead one."""
+    (stopped, deadlocked) and needs a restart like a dead one; so does a generator that trainer rank
+    0 reports slow for `failurePolicy.slowGeneratorReplaceSeconds` (`health.stays_slow`)."""
     now = now or datetime.datetime.now(datetime.UTC)
+    heartbeat, child = job.spec.heartbeat, names.Names(job.metadata.name)
+    coordinator = _lease(run_dir, names.local_process(names.TRAINER, 0))
+    progress = coordinator[1].progress if coordinator is not None and coordinator[1] is not None else None
+    slow = {s.generator: s for s in progress.slow_generators} if progress is not None else {}
     workers = []
     exited = sup.exited()
     for name, r in sorted(sup.running.items()):
         code = exited.get(name)
         failed = code is not None and code != 0
         detail = f"last lines of {r.spec.log_path}:\n{_tail(r.spec.log_path)}" if failed else ""
+        how = ""
         if code is None:
             started = datetime.datetime.fromtimestamp(r.started_wall, datetime.UTC)
-            renewed = _renewed(run_dir, name)
+            lease = _lease(run_dir, name)
+            renewed = lease[0] if lease is not None else None
             beat = health.Beat(name, True, started, renewed)
+            gen_id = child.pod(names.GENERATOR, int(r.spec.env.get(names.ENV_POD_INDEX, "0")))
             if health.classify(beat, now, heartbeat.timeout_seconds) is health.Health.STALE:
                 assert renewed is not None
                 failed = True
@@ -277,6 +287,10 @@ def observe(
                     f"no heartbeat for {(now - renewed).total_seconds():.1f} s "
                     f"(spec.heartbeat.timeoutSeconds={heartbeat.timeout_seconds:g}): hung or stopped"
                 )
+            elif r.spec.role == names.GENERATOR and gen_id in slow and coordinator is not None:
+                why = health.stays_slow(slow[gen_id], coordinator[0], started, job.spec.failure_policy)
+                if why is not None:
+                    failed, how, detail = True, "stayed slow", why
         workers.append(
             decide.Worker(
                 name=name,
@@ -286,6 +300,7 @@ def observe(
                 exit_code=code,
                 needs_restart=failed,
                 detail=detail,
+                how=how,
             )
         )
     return decide.Observation(workers=tuple(workers), finished=exited.get("trainer-0") == 0)
@@ -342,19 +357,20 @@ class Controller:
         while True:
             if time.monotonic() >= next_look:
                 rows = self._progress()
-                observed = observe(self.sup, self.launch.run_dir, spec.heartbeat)
+                observed = observe(self.sup, self.launch.run_dir, self.launch.job)
                 verdict = decide.decide(spec, observed, self.history)
                 self.history = verdict.history
-                whole_job = False  # a trainer's restart restarts every trainer
+                group = decide.trainer_group(verdict.decisions, observed.workers)
                 for d in verdict.decisions:
                     if isinstance(d, decide.Finish):
                         return 0
                     if isinstance(d, decide.Fail):
                         raise RunError(d.reason)
-                    if whole_job and d.role == names.TRAINER:  # started again with the others
-                        continue
-                    whole_job = whole_job or d.role == names.TRAINER
-                    self._restart(d)
+                    if d.role == names.GENERATOR:
+                        self._restart(d, [d.worker])
+                    elif group:  # the first trainer decision restarts the whole group
+                        self._restart(d, list(group))
+                        group = ()
                 self.peak.sample(self.sup)
                 step = rows[-1].step if rows else None
                 if step != self._step:
@@ -373,27 +389,22 @@ class Controller:
         at = self.faults.next_at(elapsed)
         return until_look if at is None else min(until_look, max(0.005, at - elapsed))
 
-    def _restart(self, d: decide.Restart) -> None:
+    def _restart(self, d: decide.Restart, targets: list[str]) -> None:
+        """Restart `targets`: the failed generator, or every trainer (`decide.trainer_group`)."""
         elapsed = round(time.monotonic() - self._t0, 3)
         self.restarts.append({"elapsed_s": elapsed, "worker": d.worker, "reason": d.reason})
         if self.faults is not None:  # a restarted process starts free of its predecessor's faults
-            targets = (
-                [d.worker]
-                if d.role == names.GENERATOR
-                else [n for n, r in self.sup.running.items() if r.spec.role == names.TRAINER]
-            )
             for name in targets:
                 self._inject(self.faults.forget(name))
         if d.role == names.GENERATOR:
             print(f"{d.reason}; restarting it", flush=True)
             self.sup.restart(d.worker)
             return
-        # The trainer group (and the coordinator in rank 0) cannot continue without the failed rank:
-        # restart every trainer; they resume from the latest checkpoint, which holds the
-        # coordinator's prompt state. Generators keep their processes and models and reconnect
-        # to the new rank 0 at the same address.
+        # The trainers resume from the latest checkpoint, which holds the coordinator's prompt
+        # state. Generators keep their processes and models and reconnect to the new rank 0 at the
+        # same address.
         print(f"{d.reason}; restarting the trainers from the latest checkpoint", flush=True)
-        trainers = {n: r.restarts + 1 for n, r in self.sup.running.items() if r.spec.role == names.TRAINER}
+        trainers = {n: self.sup.running[n].restarts + 1 for n in targets}
         self.sup.stop(list(trainers))
         for spec in self.launch.specs():
             if spec.name in trainers:

@@ -8,7 +8,9 @@ process operations). A decision is plain data:
   restarts it by itself (a kubelet restarting a crashed container) the decision only records it
   (`by_platform`); otherwise the controller replaces it: `plrl run` restarts the process (for a
   trainer: every process of the job, which resumes from the latest checkpoint), the operator
-  deletes a hung pod (its heartbeat went stale) so its StatefulSet creates a new one. Every restart
+  deletes a hung pod (its heartbeat went stale), one lost with its node (not Ready for
+  `heartbeat.timeoutSeconds`) or a generator that stayed slow (`health.stays_slow`) so its
+  StatefulSet creates a new one. Every restart
   counts against `spec.failurePolicy.maxRestarts`, once: a replacement decided before a controller
   restart and not yet carried out (the hung pod is still there) comes back as `repeat`, to be carried
   out again without being counted or announced again. A worker that exited
@@ -17,6 +19,9 @@ process operations). A decision is plain data:
 - `Fail(reason)`: a worker failed with the budget used up; the job ends `Failed`, the reason names
   the worker, how it failed and, where known, its last log lines.
 - `Finish(reason)`: trainer rank 0 reported the last step trained and checkpointed.
+
+`trainer_group` names the trainers a trainer's restart takes along (all of them: the group restarts
+from its checkpoint as one); both controllers restart them together, counting the one failure.
 
 `History` is what earlier decisions leave behind (restarts used, which platform restarts were
 already counted, the outcome). The controller stores the returned history where it survives a
@@ -55,6 +60,11 @@ class Worker:
     """It has ended and nothing but this controller will start it again (`plrl run`)."""
     detail: str = ""
     """Why its last run ended, as the platform says (container reason/message, or log lines)."""
+    lost_node: str = ""
+    """The node it was lost with (not Ready for too long): it needs replacing wherever it stands."""
+    how: str = ""
+    """How it failed, where its controller judged it ("was lost", "stayed slow"); empty: from
+    `running` and `exit_code`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +101,8 @@ class Restart:
     """The platform already restarted it; the controller only records the restart."""
     repeat: bool = False
     """Decided (and counted) earlier; the replacement is still to be carried out."""
+    lost_node: str = ""
+    """It is replaced because this node is lost (the operator says so in a NodeNotReady Event)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +126,9 @@ class Verdict:
 
 
 def _failure(w: Worker) -> str:
-    if w.running and w.needs_restart:
+    if w.how:
+        how = w.how
+    elif w.running and w.needs_restart:
         how = "stopped responding"  # alive but silent: its heartbeat went stale
     else:
         how = f"exited with code {w.exit_code}" if w.exit_code is not None else "failed"
@@ -139,7 +153,14 @@ def decide(spec: spec_mod.JobSpec, observed: Observation, history: History) -> V
         failures = [True] * max(0, w.platform_restarts - counted[w.instance])
         if w.needs_restart and w.instance in history.replacing:
             out.append(
-                Restart(w.name, w.role, f"{_failure(w)}; replacing it", by_platform=False, repeat=True)
+                Restart(
+                    w.name,
+                    w.role,
+                    f"{_failure(w)}; replacing it",
+                    by_platform=False,
+                    repeat=True,
+                    lost_node=w.lost_node,
+                )
             )
         elif w.needs_restart:
             failures.append(False)
@@ -163,10 +184,24 @@ def decide(spec: spec_mod.JobSpec, observed: Observation, history: History) -> V
                 replacing.add(w.instance)
             out.append(
                 Restart(
-                    w.name, w.role, f"{_failure(w)}; restart {restarts}/{budget}", by_platform=by_platform
+                    w.name,
+                    w.role,
+                    f"{_failure(w)}; restart {restarts}/{budget}",
+                    by_platform=by_platform,
+                    lost_node="" if by_platform else w.lost_node,
                 )
             )
     return Verdict(tuple(out), History(restarts, counted, replacing=frozenset(replacing)))
+
+
+def trainer_group(decisions: tuple[Decision, ...], workers: tuple[Worker, ...]) -> tuple[str, ...]:
+    """The trainers to restart together because of `decisions`: every one, if any trainer is
+    restarted. The data-parallel group (and the coordinator in rank 0) cannot go on without the
+    failed rank, and a rank restarted on its own could meet its old peers at the rendezvous, so the
+    whole group restarts from the latest checkpoint, as torchrun's elastic agent restarts every
+    worker. Only the failed rank's restart is counted."""
+    failed = any(isinstance(d, Restart) and d.role == names.TRAINER and not d.repeat for d in decisions)
+    return tuple(sorted(w.name for w in workers if w.role == names.TRAINER)) if failed else ()
 
 
 def current_generators(spec: spec_mod.JobSpec, in_effect: int | None) -> int:

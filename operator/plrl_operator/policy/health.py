@@ -4,7 +4,11 @@ A worker that is running but has not renewed its heartbeat since it (re)started 
 (it may still be loading its model); one that renewed within `heartbeat.timeoutSeconds` is
 `HEALTHY`; one whose last renewal is older is `STALE` (hung, or cut off from the API server).
 `slow` compares completion rates among peers: a generator this fraction below its peers' median
-is slow (the seed's 15-20% rule).
+is slow (the seed's 15-20% rule). `node_lost` says when a node's pods are to be given up on: its
+Ready condition has not been True for `heartbeat.timeoutSeconds` (its kubelet is gone, so a pod
+there would stay Terminating forever and its StatefulSet would never replace it). `stays_slow`
+says when a generator the coordinator has found slow for `failurePolicy.slowGeneratorReplaceSeconds`
+without a break is to be replaced (migrating its work was not enough).
 
 Neighbours: `policy.decide` (acts on failures), `plrl_operator.status` (the WorkersHealthy
 condition), the controllers (build the inputs from Leases or processes).
@@ -16,7 +20,8 @@ import dataclasses
 import datetime
 import enum
 
-from plrl_api import peers
+from plrl_api import peers, records
+from plrl_api import spec as spec_mod
 
 slow = peers.slow  # the one rule, shared with the coordinator (plrl_api.peers)
 
@@ -49,3 +54,45 @@ def classify(beat: Beat, now: datetime.datetime, timeout_s: float) -> Health:
     if (now - beat.renewed).total_seconds() > timeout_s:
         return Health.STALE
     return Health.HEALTHY
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeReadiness:
+    """A node's Ready condition as the API server last said it."""
+
+    status: str | None
+    """"True", "False", "Unknown" (the node lifecycle controller lost its kubelet); None: no condition."""
+    since: datetime.datetime | None
+    """Its lastTransitionTime."""
+    reason: str = ""
+
+
+def node_lost(node: NodeReadiness, now: datetime.datetime, timeout_s: float) -> float | None:
+    """Seconds the node has not been Ready, once that is over `timeout_s`; else None (Ready, not
+    long enough, or nothing known: a node without a condition is not judged)."""
+    if node.status in (None, "True") or node.since is None:
+        return None
+    down = (now - node.since).total_seconds()
+    return down if down > timeout_s else None
+
+
+def stays_slow(
+    report: records.SlowGenerator,
+    reported_at: datetime.datetime,
+    started: datetime.datetime | None,
+    policy: spec_mod.FailurePolicySpec,
+) -> str | None:
+    """Why the generator of `report` (rank 0's, renewed at `reported_at`) is to be replaced, or
+    None. Only the process that was judged slow is: one that started after its slow spell began
+    (its replacement, being judged afresh) is not."""
+    if report.slow_for_seconds < policy.slow_generator_replace_seconds:
+        return None
+    since = reported_at - datetime.timedelta(seconds=report.slow_for_seconds)
+    if started is not None and started > since:
+        return None
+    return (
+        f"for {report.slow_for_seconds:.0f} s: {report.rate:.2f} rollout groups/s against its peers' "
+        f"median {report.peers_median:.2f} (spec.failurePolicy.slowGeneratorThreshold="
+        f"{policy.slow_generator_threshold:g}, slowGeneratorReplaceSeconds="
+        f"{policy.slow_generator_replace_seconds:g}); {report.migrated} of its leases migrated meanwhile"
+    )

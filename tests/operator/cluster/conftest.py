@@ -68,8 +68,15 @@ def demo_models(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 @pytest.fixture
+def tiny_nodes() -> int:
+    """Process-runner nodes in `tiny`'s pool; a test that needs more parametrizes this name."""
+    return 1
+
+
+@pytest.fixture
 def tiny(
     request: pytest.FixtureRequest,
+    tiny_nodes: int,
     kubectl: tools.Tool,
     namespace: str,
     gpu_nodes: Callable[..., nodes.Pool],
@@ -78,14 +85,15 @@ def tiny(
     tmp_path: pathlib.Path,
 ) -> Iterator[Callable[..., e2e.Tiny]]:
     """tiny(**spec) -> e2e.Tiny: examples/cluster-tiny.yaml with `spec` merged in, pinned to a fresh
-    node whose pods really run, with the example's claims bound to `demo_models` and to a fresh
-    checkpoint directory (`.checkpoints`). Not applied yet: call `.apply()`."""
+    node (`tiny_nodes` of them) whose pods really run, with the example's claims bound to
+    `demo_models` and to a fresh checkpoint directory (`.checkpoints`). Not applied yet: call
+    `.apply()`."""
     from tests.infra import pod_net
 
     why = pod_net.available()
     if why is not None:  # CI runs as root; a developer's unprivileged machine gets told why
         pytest.skip(f"pods cannot run on this machine: {why}")
-    pool = gpu_nodes(1, runner="process")
+    pool = gpu_nodes(tiny_nodes, runner="process")
     checkpoints = tmp_path / "checkpoints"
     kubectl("apply", "-f", "-", input=demo.dump_all(demo.volumes(namespace, demo_models, checkpoints)))
     made: list[e2e.Tiny] = []

@@ -160,7 +160,8 @@ def test_template_namespaced(helm: tools.Tool) -> None:
         assert docs[("RoleBinding", ns)]["subjects"][0]["namespace"] == "plrl-system"
         assert ("KopfPeering", ns) in docs
     cluster_role = docs[("ClusterRole", None)]
-    assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
+    assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"], ["nodes"]]
+    assert cluster_role["rules"][1]["verbs"] == ["get", "list", "watch"]  # read only
     args = docs[("Deployment", "plrl-system")]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["--namespace=team-a", "--namespace=team-b"]
 
@@ -182,6 +183,7 @@ def test_installed_crd_and_service_account_permissions(chart: support.Chart, kub
     assert can("delete", "statefulsets.apps") == "no"
     assert can("delete", "pipelinerljobs.pipelinerl.io") == "no"
     assert can("delete", "pods") == "yes"  # a hung worker's, to replace it
+    assert can("watch", "nodes") == "yes" and can("patch", "nodes") == "no"  # NotReady: read only
     assert can("get", "secrets") == "no"
     assert can("create", "pods") == "no"
     assert can("create", "validatingwebhookconfigurations.admissionregistration.k8s.io") == "no"

@@ -1,4 +1,5 @@
-"""End to end: worker pods that die or hang mid-run; the job still trains to Succeeded.
+"""End to end: worker pods that die, hang or lose their node mid-run; the job still trains to
+Succeeded, or ends Failed once the restart budget is used up.
 
 Killed processes (SIGKILL of the worker in its pod): the kubelet restarts the container and the
 operator counts the restart. A killed generator's prompts are re-queued and its restart registers
@@ -13,20 +14,41 @@ restart (RESTARTS 1, a WorkerRestarted event saying it stopped responding), the 
 a new generator, which is only given prompts after it registered and loaded the current weights, the
 prompts the hung one held are leased again, and the job reaches Succeeded with every prompt trained
 once.
+
+A killed trainer rank 1 (of two): the kubelet restarts its container, rank 0 finds the group broken
+(exit EXIT_RESTART_ME, not counted), and the operator replaces both trainer pods so the group meets
+at a fresh rendezvous and resumes from its latest checkpoint: RESTARTS 1, a TrainerGroupRestarted
+event.
+
+A lost node (Ready Unknown and tainted unreachable, as the node lifecycle controller marks a node
+whose kubelet stopped posting; the node agent then powers its pods off and reports nothing): its
+pods read Running, or Terminating once evicted, forever. After `heartbeat.timeoutSeconds` the
+operator force-deletes them (a NodeNotReady event each), the StatefulSets recreate them on the
+other node, and the job succeeds with each lost pod counted once.
+
+A slowed generator (of two; the test stops and continues its process, running it a fifth of the
+time): trainer rank 0 migrates part of its work to its peer (a SlowGenerator event), and once it has
+been slow for `failurePolicy.slowGeneratorReplaceSeconds` the operator replaces its pod (RESTARTS 1,
+"stayed slow"); the job succeeds with every prompt trained once.
+
+`failurePolicy.maxRestarts: 0` and a killed generator: the job ends Failed with a condition that
+names the worker, how it ended and the budget.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable
 
 import psutil
 import pytest
+from kubernetes import client
 
 from plrl_api import names
-from tests.infra import tools
+from tests.infra import nodes, tools
 from tests.operator.cluster import e2e, support
 from tests.operator.cluster.support import eventually
 
@@ -34,6 +56,14 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 PROMPTS_PER_STEP = 64 // 8
 INTERVAL_S, TIMEOUT_S = 1.0, 5.0
 STATUS_PERIOD_S = 1.0  # the test operator's --status-interval
+
+
+def _job(tiny: Callable[..., e2e.Tiny], steps: int, **spec: object) -> e2e.Tiny:
+    """The tiny job for `steps` steps with a checkpoint every 5 and the tests' quick heartbeat."""
+    training = {"totalSteps": steps, "checkpoint": {"everySteps": 5}}
+    return tiny(
+        training=training, heartbeat={"intervalSeconds": INTERVAL_S, "timeoutSeconds": TIMEOUT_S}, **spec
+    )
 
 
 def _worker_process(namespace: str, pod: str) -> psutil.Process:
@@ -53,10 +83,7 @@ def test_a_hung_generator_is_replaced_and_the_job_succeeds(
     operator: support.Operator, kubectl: tools.Tool, namespace: str, tiny: Callable[..., e2e.Tiny]
 ) -> None:
     steps = 30
-    job = tiny(
-        training={"totalSteps": steps, "checkpoint": {"everySteps": 5}},
-        heartbeat={"intervalSeconds": INTERVAL_S, "timeoutSeconds": TIMEOUT_S},
-    )
+    job = _job(tiny, steps)
     job.apply()
     job.watch("Succeeded", timeout_s=240, stop_at_step=4)
     (gen,) = [p for p in job.pods() if p["metadata"]["labels"][names.LABEL_ROLE] == names.GENERATOR]
@@ -80,17 +107,9 @@ def test_a_hung_generator_is_replaced_and_the_job_succeeds(
 
     seen = job.watch("Succeeded", timeout_s=300)
     assert seen[-1].row["STEP"] == str(steps) and seen[-1].row["RESTARTS"] == "1", seen[-1].row
-    events = json.loads(
-        kubectl(
-            "get", "events", "-n", namespace, "--field-selector", "reason=WorkerRestarted", "-o", "json"
-        ).stdout
-    )["items"]
-    messages = [e["message"] for e in events]
+    messages = _events(kubectl, namespace, "WorkerRestarted")
     assert any(f"generator {pod} stopped responding: no heartbeat for" in m for m in messages), messages
-    rows = job.records()
-    assert [r.step for r in rows] == list(range(1, steps + 1))
-    p = rows[-1].prompts
-    assert p.balanced and p.outstanding == 0 and p.trained + p.dropped_by_lag == steps * PROMPTS_PER_STEP, p
+    _accounted(job, steps)
 
 
 def _pod_name(job: e2e.Tiny, role: str) -> str:
@@ -102,10 +121,7 @@ def test_killed_generator_and_trainer_processes_are_restarted_and_the_job_succee
     operator: support.Operator, kubectl: tools.Tool, namespace: str, tiny: Callable[..., e2e.Tiny]
 ) -> None:
     steps = 40
-    job = tiny(
-        training={"totalSteps": steps, "checkpoint": {"everySteps": 5}},
-        heartbeat={"intervalSeconds": INTERVAL_S, "timeoutSeconds": TIMEOUT_S},
-    )
+    job = _job(tiny, steps)
     job.apply()
     job.watch("Succeeded", timeout_s=240, stop_at_step=4)
     _worker_process(namespace, _pod_name(job, names.GENERATOR)).kill()
@@ -117,7 +133,174 @@ def test_killed_generator_and_trainer_processes_are_restarted_and_the_job_succee
     logs = job.log_tails(400)
     assert "resumed from /checkpoints: step" in logs, logs
     assert "the coordinator is gone" in logs and "reconnecting" in logs, logs
+    _accounted(job, steps)
+
+
+def _events(kubectl: tools.Tool, namespace: str, reason: str) -> list[str]:
+    out = kubectl("get", "events", "-n", namespace, "--field-selector", f"reason={reason}", "-o", "json")
+    return [str(e["message"]) for e in json.loads(out.stdout)["items"]]
+
+
+def _uids(job: e2e.Tiny, role: str) -> dict[str, str]:
+    return {
+        str(p["metadata"]["name"]): str(p["metadata"]["uid"])
+        for p in job.pods()
+        if p["metadata"]["labels"][names.LABEL_ROLE] == role
+    }
+
+
+def _accounted(job: e2e.Tiny, steps: int) -> None:
     rows = job.records()
     assert [r.step for r in rows] == list(range(1, steps + 1))
     p = rows[-1].prompts
     assert p.balanced and p.outstanding == 0 and p.trained + p.dropped_by_lag == steps * PROMPTS_PER_STEP, p
+
+
+def test_a_killed_trainer_rank_restarts_the_whole_trainer_group_and_the_job_succeeds(
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, tiny: Callable[..., e2e.Tiny]
+) -> None:
+    steps = 16  # two trainer ranks and a generator share 2 cores: ~4 steps a minute
+    job = _job(tiny, steps, resources={"totalGPUs": 3})  # one generator, two trainer pods
+    job.apply()
+    job.watch("Succeeded", timeout_s=300, stop_at_step=7)
+    before = _uids(job, names.TRAINER)
+    rank1 = next(n for n in before if n.endswith("-1"))
+    _worker_process(namespace, rank1).kill()
+    killed_at = time.monotonic()
+
+    def group_replaced() -> bool:
+        now = _uids(job, names.TRAINER)
+        return len(now) == 2 and not set(now.values()) & set(before.values())
+
+    eventually(group_replaced, 60, "both trainer pods to be replaced")
+    print(f"trainer group replaced {time.monotonic() - killed_at:.1f} s after rank 1 was killed")
+    seen = job.watch("Succeeded", timeout_s=400)
+    assert seen[-1].row["STEP"] == str(steps) and seen[-1].row["RESTARTS"] == "1", seen[-1].row
+    (group,) = _events(kubectl, namespace, "TrainerGroupRestarted")
+    assert f"replacing trainer pods {', '.join(sorted(before))}" in group, group
+    restarted = _events(kubectl, namespace, "WorkerRestarted")
+    assert any(m.startswith(f"trainer {rank1} exited with code 137") for m in restarted), restarted
+    assert "resumed from /checkpoints: step" in job.log_tails(400)
+    _accounted(job, steps)
+
+
+@pytest.mark.parametrize("tiny_nodes", [2])
+def test_pods_on_a_lost_node_are_force_deleted_and_rescheduled_and_the_job_succeeds(
+    operator: support.Operator,
+    kubectl: tools.Tool,
+    namespace: str,
+    tiny: Callable[..., e2e.Tiny],
+    core_api: client.ApiClient,
+) -> None:
+    steps = 30
+    job = _job(tiny, steps)
+    job.apply()
+    job.watch("Succeeded", timeout_s=240, stop_at_step=4)
+    pods = job.pods()
+    gen = next(p for p in pods if p["metadata"]["labels"][names.LABEL_ROLE] == names.GENERATOR)
+    node = gen["spec"]["nodeName"]
+    lost = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods if p["spec"]["nodeName"] == node}
+    nodes.lose(client.CoreV1Api(core_api), node)
+    lost_at = time.monotonic()
+    # The eviction its NoExecute taint brings (the taint-eviction controller's delete): with no
+    # kubelet to confirm it, the pod stays Terminating until the operator force-deletes it.
+    kubectl("delete", "pod", gen["metadata"]["name"], "-n", namespace, "--wait=false")
+
+    def moved() -> bool:
+        now = {p["metadata"]["name"]: p for p in job.pods()}
+        return all(
+            name in now
+            and now[name]["metadata"]["uid"] != uid
+            and now[name]["spec"].get("nodeName") not in (None, node)
+            for name, uid in lost.items()
+        )
+
+    eventually(moved, 60, f"the pods on {node} to be rescheduled on the other node")
+    moved_s = time.monotonic() - lost_at
+    bound = TIMEOUT_S + INTERVAL_S + STATUS_PERIOD_S + 2.0
+    print(f"node lost: {sorted(lost)} rescheduled after {moved_s:.1f} s (detection bound {bound:.0f} s)")
+    seen = job.watch("Succeeded", timeout_s=400)
+    assert seen[-1].row["STEP"] == str(steps) and seen[-1].row["RESTARTS"] == str(len(lost)), seen[-1].row
+    said = _events(kubectl, namespace, "NodeNotReady")
+    for name in lost:
+        assert any(f"force-deleting pod {name} on node {node}" in m for m in said), said
+    restarted = _events(kubectl, namespace, "WorkerRestarted")
+    assert any(f"was lost: its node {node} has not been Ready for" in m for m in restarted), restarted
+    _accounted(job, steps)
+
+
+def test_a_failure_with_the_restart_budget_used_up_fails_the_job_saying_why(
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, tiny: Callable[..., e2e.Tiny]
+) -> None:
+    job = _job(tiny, 40, failurePolicy={"maxRestarts": 0})
+    job.apply()
+    job.watch("Succeeded", timeout_s=240, stop_at_step=2)
+    gen = _pod_name(job, names.GENERATOR)
+    _worker_process(namespace, gen).kill()
+    job.watch("Failed", timeout_s=120)
+    failed = next(c for c in job.status()["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True"
+    assert failed["message"].startswith(f"generator {gen} exited with code 137"), failed
+    assert "spec.failurePolicy.maxRestarts=0 restarts are used up" in failed["message"], failed
+    assert any(gen in m for m in _events(kubectl, namespace, "JobFailed"))
+    eventually(lambda: not job.pods(), 60, "the failed job's pods to be stopped")
+
+
+class _DutyCycle:
+    """Keeps a process running `1/factor` of the time (SIGSTOP/SIGCONT every `period_s`): slow, but
+    never silent for long enough to look hung."""
+
+    def __init__(self, proc: psutil.Process, factor: float, period_s: float = 0.25) -> None:
+        self._proc, self._run_s, self._period_s = proc, period_s / factor, period_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> _DutyCycle:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        with contextlib.suppress(psutil.Error):
+            self._proc.resume()
+
+    def _loop(self) -> None:
+        while not self._done.is_set():
+            try:
+                self._proc.suspend()
+                self._done.wait(self._period_s - self._run_s)
+                self._proc.resume()
+            except psutil.Error:
+                return  # it is gone: replaced
+            self._done.wait(self._run_s)
+
+
+def test_a_generator_that_stays_slow_is_replaced_and_the_job_succeeds(
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, tiny: Callable[..., e2e.Tiny]
+) -> None:
+    steps = 200  # ~2.5 steps/s with two generators: long enough to be judged slow, then replaced
+    job = _job(
+        tiny,
+        steps,
+        resources={"totalGPUs": 3},
+        pipeline={"generators": 2},
+        failurePolicy={"slowGeneratorReplaceSeconds": 20},
+    )
+    job.apply()
+    job.watch("Succeeded", timeout_s=240, stop_at_step=3)
+    slow_pod = next(n for n in _uids(job, names.GENERATOR) if n.endswith("-1"))
+    uid = _uids(job, names.GENERATOR)[slow_pod]
+    with _DutyCycle(_worker_process(namespace, slow_pod), factor=5):
+        slowed_at = time.monotonic()
+        eventually(
+            lambda: _uids(job, names.GENERATOR).get(slow_pod, uid) != uid, 150, "the slow pod replaced"
+        )
+    print(f"slow generator replaced {time.monotonic() - slowed_at:.1f} s after it was slowed")
+    seen = job.watch("Succeeded", timeout_s=400)
+    assert seen[-1].row["STEP"] == str(steps) and seen[-1].row["RESTARTS"] == "1", seen[-1].row
+    said = _events(kubectl, namespace, "SlowGenerator")
+    assert any(m.startswith(f"generator {slow_pod} is slow: ") and "migrated" in m for m in said), said
+    restarted = _events(kubectl, namespace, "WorkerRestarted")
+    assert any(m.startswith(f"generator {slow_pod} stayed slow: for 2") for m in restarted), restarted
+    _accounted(job, steps)

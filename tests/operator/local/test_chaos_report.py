@@ -41,6 +41,7 @@ def test_a_resume_from_an_earlier_checkpoint_is_not_counted_as_progress() -> Non
     assert kill.detection_s == 0.5 and kill.recovery_s == 20.0
     assert kill.throughput_lost == pytest.approx(1 - 4 / 9)  # 10, then 9, 10, 11 after the resume
     (line,) = [k.line() for k in chaos_report.by_kind([kill])]
-    assert line.startswith(
-        "kill  injected 1, restarted 1; detection 0.5 s (max 0.5 s); training again after 20.0 s"
+    assert line == (
+        "kill trainer   injected 1, restarted 1; medians (min-max): detection 0.5 (0.5-0.5) s; "
+        "training again after 20.0 (20.0-20.0) s; throughput lost (20 s after vs before) 56% (56%-56%)"
     )

@@ -2,7 +2,7 @@
 killed or interrupted twice. Real processes, gRPC and gloo; faults come from `--chaos`.
 
 What a user must see: the job still reaches its last step, a slowed generator's work moves to its
-peer, every prompt is trained once in the
+peer and one that stays slow is replaced, every prompt is trained once in the
 final model's history (or reported dropped), each failure is detected (a death at the next look, a
 hang within `heartbeat.timeoutSeconds` + one `intervalSeconds`) and counted against
 `failurePolicy.maxRestarts`, generators ride out a trainer restart (they reconnect), and no worker
@@ -91,15 +91,24 @@ def test_the_job_survives_a_killed_generator_a_hung_one_and_a_killed_coordinator
     assert a.trained + a.dropped_by_lag == steps * 16 // 4
 
 
-def test_a_slow_generator_s_work_migrates_to_its_peer(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
-    # Long enough to judge rates over the window (trainer.SLOW_WINDOW_MIN_S = 15 s here): ~45 s.
-    steps = 200
-    job = _job(tmp_path, steps)
+def test_a_slow_generator_s_work_migrates_to_its_peer_and_one_that_stays_slow_is_replaced(
+    tmp_path: pathlib.Path, run_dir: pathlib.Path
+) -> None:
+    # Long enough to judge rates over the window (trainer.SLOW_WINDOW_MIN_S = 15 s here) and then
+    # to see generator-1 slow for slowGeneratorReplaceSeconds: ~60 s.
+    steps = 260
+    job = _job(tmp_path, steps, failurePolicy={"slowGeneratorReplaceSeconds": 20})
     r = plrl("run", str(job), "--run-dir", str(run_dir), "--chaos", "slow:generator-1@step=2:5x", timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
     trainer_log = (run_dir / "logs" / "trainer-0.log").read_text()
     assert "generator small-gen-1 is slow" in trainer_log and "migrated to its peers" in trainer_log
     assert "generator small-gen-0 is slow" not in trainer_log
+    # Still slow 20 s on (migrating its work did not cure it): replaced, once; the new process
+    # (free of the chaos) is judged afresh and keeps up.
+    chaos = json.loads((run_dir / runner.CHAOS_FILE).read_text())
+    assert [x["worker"] for x in chaos["restarts"]] == ["generator-1"], chaos["restarts"]
+    assert "generator generator-1 stayed slow: for 2" in out and "restart 1/10" in out, out
     a = report.read_records(run_dir)[-1].prompts
     assert a.outstanding == 0 and a.issued == a.trained + a.dropped_by_lag  # nothing lost on the way
 

@@ -7,7 +7,8 @@ that reads the history back; the budget `failurePolicy.maxRestarts` is exact: th
 fails the job with a reason naming the worker, its exit code and its detail; `maxRestarts: 0` fails
 on the first failure; several failures in one look are counted in order, trainers first; a worker
 that exited 0 is not a failure; a hung pod is replaced and counted once across a controller restart
-(`repeat`); a worker that only lost its coordinator is restarted free; `current_generators` keeps an
+(`repeat`); a worker that only lost its coordinator is restarted free; a trainer's restart takes
+every trainer along (`trainer_group`), counted once; `current_generators` keeps an
 I that still tiles and falls back to the planner when it does not; conventional mode has no
 generators.
 """
@@ -177,3 +178,25 @@ def test_a_pod_running_again_after_a_crash_is_reported_by_its_exit_code() -> Non
     pod = _worker("t0", "trainer", instance="uid-t0", exit_code=2, platform_restarts=1, detail="bad model")
     (d,) = decide.decide(_spec(), decide.Observation(workers=(pod,)), decide.History()).decisions
     assert d.reason == "trainer t0 exited with code 2: bad model; restart 1/3"
+
+
+def test_a_trainer_restart_takes_the_whole_trainer_group_along() -> None:
+    """Rank 1 died (the kubelet restarted it): both controllers restart every trainer, so the group
+    meets again from its checkpoint; only the failure is counted. A generator's restart, or a
+    replacement already decided (`repeat`), takes no trainer along."""
+    t0 = _worker("t0", "trainer", instance="uid-t0")
+    t1 = _worker("t1", "trainer", instance="uid-t1", exit_code=137, platform_restarts=1)
+    g0 = _worker("g0", instance="uid-g0")
+    workers = (t0, t1, g0)
+    v = decide.decide(_spec(), decide.Observation(workers=workers), decide.History())
+    (d,) = v.decisions
+    assert (d.worker, v.history.restarts) == ("t1", 1)  # type: ignore[union-attr]
+    assert decide.trainer_group(v.decisions, workers) == ("t0", "t1")
+    # Seen again: counted already, nothing to restart.
+    again = decide.decide(_spec(), decide.Observation(workers=workers), v.history)
+    assert again.decisions == () and decide.trainer_group(again.decisions, workers) == ()
+    crashed = _worker("g0", instance="uid-g0", exit_code=1, platform_restarts=1)
+    v = decide.decide(_spec(), decide.Observation(workers=(t0, crashed)), decide.History())
+    assert len(v.decisions) == 1 and decide.trainer_group(v.decisions, (t0, crashed)) == ()
+    repeat = (decide.Restart("t1", "trainer", "hung; replacing it", by_platform=False, repeat=True),)
+    assert decide.trainer_group(repeat, workers) == ()

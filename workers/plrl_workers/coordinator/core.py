@@ -23,7 +23,9 @@ declared dead at once: its leases go back to the queue without waiting for `leas
 Slow generators (seed 3.3.1): `migrate_from_slow` compares the generators' completion rates (groups
 accepted over a recent window) with `plrl_api.peers.slow`, and moves the newest half of a slow one's
 leases back to the front of the queue, where its peers lease them next; the slow one's late results
-for those prompts are refused like any re-queued lease's ("lease migrated").
+for those prompts are refused like any re-queued lease's ("lease migrated"). `slow_generators` says
+which are slow now and for how long without a break (trainer rank 0 reports it in its Lease; the
+controllers replace one that stays slow, `plrl_operator.policy.health.stays_slow`).
 
 Backpressure: the rollout buffer holds `buffer_groups` groups. `submit` blocks up to `submit_wait_s`
 for space (while it blocks the gRPC stream is not read, so HTTP/2 flow control stalls the generator);
@@ -135,6 +137,9 @@ class Coordinator:
         self._accepted_at: dict[str, collections.deque[float]] = {}  # generator id -> accept times
         self._migrated_at: dict[str, float] = {}
         self._migrated = 0
+        self._migrated_from: collections.Counter[str] = collections.Counter()
+        # generator id -> (since when it has been slow, its rate, its peers' median) at the last look
+        self._slow: dict[str, tuple[float, float, float]] = {}
         self._registrations = itertools.count(1)
         self._control = control.ControlHub()
         self._expired = self._revoked = 0
@@ -158,6 +163,7 @@ class Coordinator:
             self._incarnations[generator_id] = incarnation
             self._registered_at[generator_id] = self._clock()
             self._accepted_at[generator_id] = collections.deque()
+            self._slow.pop(generator_id, None)  # a new process is judged afresh
             log.info("generator %s registered (incarnation %s)", generator_id, incarnation)
             return protocol.Registration(
                 self._version,
@@ -194,6 +200,7 @@ class Coordinator:
                 self._revoke_locked(generator_id, reason)
                 del self._generators[generator_id]
             self._incarnations.pop(generator_id, None)
+            self._slow.pop(generator_id, None)
         self._control.close(generator_id)
 
     def _revoke_locked(self, generator_id: str, reason: str) -> None:
@@ -309,7 +316,15 @@ class Coordinator:
                 if now - self._registered_at.get(gid, now) >= window_s:
                     rates[gid] = len(accepted) / window_s
             out = []
-            for gid in peers.slow(rates, threshold):
+            slow = peers.slow(rates, threshold)
+            for gid in rates:
+                if gid in slow:
+                    median = statistics.median(r for g, r in rates.items() if g != gid)
+                    since = self._slow[gid][0] if gid in self._slow else now
+                    self._slow[gid] = (since, rates[gid], median)
+                else:
+                    self._slow.pop(gid, None)
+            for gid in slow:
                 if now - self._migrated_at.get(gid, now - window_s) < window_s:
                     continue
                 newest = sorted(self._generators[gid], key=_lease_seq, reverse=True)
@@ -320,8 +335,9 @@ class Coordinator:
                     self._generators[gid].discard(lease_id)
                     self._requeue_locked(self._leases[lease_id], "migrated")
                 self._migrated += len(moved)
+                self._migrated_from[gid] += len(moved)
                 self._migrated_at[gid] = now
-                median = statistics.median(r for g, r in rates.items() if g != gid)
+                median = self._slow[gid][2]
                 out.append(protocol.Migration(gid, len(moved), rates[gid], median))
                 log.warning(
                     "generator %s is slow (%.2f groups/s, peers' median %.2f): %d of its leases "
@@ -332,6 +348,22 @@ class Coordinator:
                     len(moved),
                 )
             return out
+
+    def slow_generators(self) -> list[records.SlowGenerator]:
+        """The generators `migrate_from_slow` found slow at its last look, and for how long they
+        have been slow without a break (what their controllers replace one that stays slow by)."""
+        with self._cond:
+            now = self._clock()
+            return [
+                records.SlowGenerator(
+                    generator=gid,
+                    slow_for_seconds=max(0.0, now - since),
+                    rate=rate,
+                    peers_median=median,
+                    migrated=self._migrated_from[gid],
+                )
+                for gid, (since, rate, median) in sorted(self._slow.items())
+            ]
 
     # ---- rollouts --------------------------------------------------------------------------
 
@@ -490,12 +522,17 @@ class Coordinator:
         with self._cond:
             return self._version
 
-    def stop(self, reason: str = "job finished") -> None:
-        """Refuse new leases and submits, wake every waiter, and send Stop on every control stream."""
+    def stop(self, reason: str = "job finished", tell_generators: bool = True) -> None:
+        """Refuse new leases and submits, wake every waiter, and send Stop on every control stream
+        (not if `tell_generators` is False: the coordinator restarts, and its generators, seeing
+        their streams end, reconnect to the next one)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self._control.stop_all(reason)
+        if tell_generators:
+            self._control.stop_all(reason)
+        else:
+            log.info("stopping (%s); generators are not told to stop", reason)
 
     # ---- control streams -------------------------------------------------------------------
 

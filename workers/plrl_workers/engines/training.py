@@ -112,6 +112,21 @@ def init_distributed(at: Rendezvous | None = None, timeout_s: float = 600.0) -> 
     )
 
 
+# What gloo's TCP transport says when a peer's process went away mid-collective (it raises a plain
+# RuntimeError; NCCL and the c10d store raise `torch.distributed.DistError`s).
+_PEER_GONE = ("gloo/transport", "Connection reset by peer", "Connection closed by peer")
+
+
+def is_group_failure(err: BaseException) -> bool:
+    """`err` came from the trainer group itself (a peer rank died or the store went away), not from
+    this rank's own work: the group must restart as one."""
+    import torch.distributed as dist
+
+    if isinstance(err, dist.DistError):
+        return True
+    return isinstance(err, RuntimeError) and any(s in str(err) for s in _PEER_GONE)
+
+
 def device(local_rank: int = 0) -> torch.device:
     import torch
 
