@@ -472,6 +472,37 @@ def test_when_its_coordinator_restarts_it_reconnects_and_decodes_with_the_resume
     assert a.balanced
 
 
+def test_a_pull_the_coordinator_died_during_ends_in_a_reconnect_not_a_crash(start: Start) -> None:
+    """Found by the chaos soak: rank 0 asked for v7 (an aborted broadcast), hung before publishing
+    it and was restarted from a checkpoint at v3. The pull of v7 could never succeed (the successor
+    says UNAVAILABLE, have 3): the generator waited out its pull timeout, then crashed, and each
+    generator was charged a restart. Now the broken control stream ends the pull: it reconnects and
+    takes the resumed weights."""
+    rig = start(1000, buffer_groups=4, submit_wait_s=0.05)
+    rig.store.publish(snapshot.WeightSnapshot.from_named_tensors(5, {"w": torch.ones(4, 3)}.items()))
+    rig.coord.finish_step(5)
+    assert rig.coord.request_pull(GEN, 5)
+    eventually(lambda: rig.engine.weight_version == 5, what="weights v5")
+    saved = rig.coord.export_state()
+    saved["weight_version"] = 3
+    assert rig.coord.request_pull(GEN, 7)  # never published: the generator keeps asking
+    time.sleep(1.0)
+    port = rig.server.port
+    rig.server.stop(0)
+    cfg = coordinator.Config(samples_per_prompt=G, vocab_size=VOCAB, buffer_groups=4, submit_wait_s=0.05)
+    revived = coordinator.Coordinator(prompts(1000), cfg, state=saved)
+    store = snapshot.SnapshotStore()
+    store.publish(snapshot.WeightSnapshot.from_named_tensors(3, {"w": torch.full((4, 3), 3.0)}.items()))
+    rig.coord, rig.store = revived, store
+    rig.server = server.serve(
+        revived, token=TOKEN, snapshots=store, host="127.0.0.1", port=port, max_workers=16
+    )
+    eventually(lambda: revived.stats().control_streams == 1, what="the generator to reconnect")
+    assert rig.gen.reconnects == 1 and rig.thread.is_alive() and not rig.errors
+    eventually(lambda: rig.engine.weight_version == 3, what="the resumed version's weights")
+    rig.train_until(2, what="groups for the revived coordinator")
+
+
 def test_an_announcement_older_than_the_loaded_weights_is_not_joined(start: Start) -> None:
     """After an aborted epoch the generator pulled the newest weights; the broadcaster re-announces
     the version it was sending, older now: the generator stays out of it instead of going back."""

@@ -114,6 +114,9 @@ class Generator:
         self._told_to_stop = False
         self._lost = ""  # why this generator cannot go on (empty: it can)
         self._gone = ""  # why the coordinator is gone (empty: it is not): reconnect
+        # Set by the control stream's reader when the stream broke: read by a pull in progress,
+        # which would otherwise wait for a version the coordinator's successor may never publish.
+        self._down = threading.Event()
         self.reconnects = 0
         self._in_weight_group = False
         self.refused = 0
@@ -148,6 +151,7 @@ class Generator:
                 # Broken (UNAVAILABLE: the process died; CANCELLED: its server stopped), not closed
                 # by the coordinator.
                 log.warning("control stream broke: %s", err.code())
+                self._down.set()
                 self._events.put(_GONE)
                 return
         self._events.put(None)
@@ -228,6 +232,11 @@ class Generator:
                 pulled = self.coord.pull_weights(self.generator_id, min_version=version)
                 break
             except grpc.RpcError as err:
+                if self._down.is_set():
+                    # The coordinator that asked for `version` is gone; its successor (resumed from a
+                    # checkpoint) may be older and never publish it: reconnect and take its weights.
+                    self._gone = f"it went away while weights v{version} were pulled"
+                    return
                 # A trainer that resumed from a checkpoint registers generators at its weight version a
                 # moment before it has published those weights: UNAVAILABLE, so wait and ask again.
                 if (
@@ -335,6 +344,7 @@ class Generator:
 
     def start(self) -> None:
         """Register, catch up on weights, open the control and rollout streams."""
+        self._down.clear()  # a new session: the last one's stream was closed by `close()`
         reg = self.coord.register(self.generator_id)
         if reg.samples_per_prompt != self.g:
             raise RuntimeError(
