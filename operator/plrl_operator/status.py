@@ -40,6 +40,7 @@ SUSPENDED = "Suspended"
 HEALTHY = "WorkersHealthy"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
+_API_TIME_RESOLUTION = datetime.timedelta(seconds=1)  # metav1.Time (startedAt, creationTimestamp)
 _STALE_LISTED = 5  # stale pods named in the condition's message; the rest are counted
 _DETAIL_CHARS = 600  # of a container's termination message kept in a decision's reason
 
@@ -274,9 +275,12 @@ def workers(
                 code, detail = c_code, f"container {c.get('name')}: {c_detail}" if c_detail else ""
         running = bool(statuses) and all("running" in (c.get("state") or {}) for c in statuses)
         name = str(meta.get("name"))
-        # Since the container last started: a Lease renewed by its previous run says nothing.
+        # Since the container last started: a Lease renewed by its previous run says nothing. The
+        # API's times have whole seconds, so a renewal in the second the container started may be
+        # its predecessor's last one (a process killed and restarted at once): it is not counted.
         starts = [t for t in map(_started, statuses) if t is not None]
-        started = max(starts) if starts else _time(meta.get("creationTimestamp"))
+        start = max(starts) if starts else _time(meta.get("creationTimestamp"))
+        started = None if start is None else start + _API_TIME_RESOLUTION
         how, replace = "", False
         if lost is not None:
             how, replace, detail = "was lost", True, f"its node {node} {lost}"

@@ -313,6 +313,7 @@ class NodeAgent:
         self._pods: dict[str, Pod] = {}
         self._fake_nodes: dict[str, str] = {}  # fake node -> its runner's name
         self._down: frozenset[str] = frozenset()  # fake nodes whose Ready condition is not True
+        self._down_seen: frozenset[str] = frozenset()  # ... as last logged
         self._nodes_listed_at = 0.0
         self._used: dict[str, PodRunner] = {}
         self.synced = threading.Event()
@@ -333,6 +334,9 @@ class NodeAgent:
                 continue
             if time.monotonic() - self._nodes_listed_at > self._resync_s:
                 self._list_nodes()  # a node that went down is noticed even while pods keep changing
+                for pod in list(self._pods.values()):  # and its processes do not outlive it
+                    if pod["spec"].get("nodeName") in self._down:
+                        self._reconcile(pod)
             if kind == "LIST":
                 self._on_list(obj)
                 self.synced.set()
@@ -369,9 +373,10 @@ class NodeAgent:
             n.metadata.name: (n.metadata.labels or {}).get(nodes.RUNNER_LABEL, DEFAULT_RUNNER) for n in named
         }
         down = frozenset(n.metadata.name for n in named if nodes.ready(n) != "True")
-        for name in down - self._down:
-            log.info("node %s: not Ready: its pods are powered off", name)
         self._down = down
+        for name in down - self._down_seen:
+            log.info("node %s: not Ready: its pods are powered off", name)
+        self._down_seen = down
         for n in named:
             self._advertise(n)
 

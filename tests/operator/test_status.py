@@ -485,3 +485,21 @@ def test_a_generator_rank_0_reports_slow_for_the_replace_time_is_replaced() -> N
     _running_since(children.pods[1], "2026-01-01T11:58:30Z")  # replaced 90 s ago, in the 130 s spell
     after = status.observation(children, job.spec.heartbeat, T0, job.spec.failure_policy)
     assert not any(w.needs_restart for w in after.workers)
+
+
+def test_a_renewal_in_the_second_a_container_restarted_is_its_predecessors() -> None:
+    """Killed at 11:59:50.4 just after renewing, restarted at once: the kubelet's startedAt says
+    11:59:50 (whole seconds), the Lease 11:59:50.3. That renewal is the killed process's, so the
+    new one, still starting 10 s later, is not judged hung (found in CI: it was, and counted twice)."""
+    job = _job(heartbeat={"intervalSeconds": 1, "timeoutSeconds": 5})
+    children = _running_children()
+    for pod in children.pods:
+        _running_since(pod, "2026-01-01T11:59:50Z")
+    children.leases.extend(_beat(p["metadata"]["name"], T0) for p in children.pods[1:])
+    children.leases.append(_beat("demo-generator-0", T0 - datetime.timedelta(seconds=9.7)))
+    observed = status.observation(children, job.spec.heartbeat, T0)
+    assert not any(w.needs_restart for w in observed.workers)
+    # One renewal a second later would have been its own: silent 8.5 s since then, it is hung.
+    children.leases[-1] = _beat("demo-generator-0", T0 - datetime.timedelta(seconds=8.5))
+    hung = [w.name for w in status.observation(children, job.spec.heartbeat, T0).workers if w.needs_restart]
+    assert hung == ["demo-generator-0"]

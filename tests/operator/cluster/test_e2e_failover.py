@@ -66,6 +66,13 @@ def _job(tiny: Callable[..., e2e.Tiny], steps: int, **spec: object) -> e2e.Tiny:
     )
 
 
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
 def _worker_process(namespace: str, pod: str) -> psutil.Process:
     """The pod's worker process, found by the identity the pod gives it (downward API env)."""
     for p in psutil.process_iter(["cmdline"]):
@@ -200,9 +207,12 @@ def test_pods_on_a_lost_node_are_force_deleted_and_rescheduled_and_the_job_succe
     gen = next(p for p in pods if p["metadata"]["labels"][names.LABEL_ROLE] == names.GENERATOR)
     node = gen["spec"]["nodeName"]
     lost = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods if p["spec"]["nodeName"] == node}
+    workers = [_worker_process(namespace, name) for name in lost]
     nodes.lose(client.CoreV1Api(core_api), node)
     lost_at = time.monotonic()
-    # The eviction its NoExecute taint brings (the taint-eviction controller's delete): with no
+    # The machine is gone: its processes die with it (the node agent powers its pods off).
+    eventually(lambda: not any(_alive(w) for w in workers), 30, f"the processes on {node} to die")
+    # Then the eviction its NoExecute taint brings (the taint-eviction controller's delete): with no
     # kubelet to confirm it, the pod stays Terminating until the operator force-deletes it.
     kubectl("delete", "pod", gen["metadata"]["name"], "-n", namespace, "--wait=false")
 
