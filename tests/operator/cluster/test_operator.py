@@ -200,14 +200,19 @@ def test_too_few_gpus_stays_pending_and_says_why(
 
 
 def _running_small_job(
-    kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool], name: str, **spec: Any
+    kubectl: tools.Tool,
+    namespace: str,
+    gpu_nodes: Callable[..., nodes.Pool],
+    name: str,
+    resources: dict[str, Any] | None = None,
+    ready: str = "4/4",
+    **spec: Any,
 ) -> dict[str, Any]:
     pool = gpu_nodes(1)
-    doc = support.small_job(
-        name, resources={"totalGPUs": 6, "nodeSelector": {nodes.POOL_LABEL: pool.name}}, **spec
-    )
+    placed = {"totalGPUs": 6, "nodeSelector": {nodes.POOL_LABEL: pool.name}, **(resources or {})}
+    doc = support.small_job(name, resources=placed, **spec)
     kubectl("apply", "-n", namespace, "-f", "-", input=support.dump(doc))
-    eventually(_phase_is(kubectl, namespace, name, "Running", ready="4/4"), 60, f"{name} Running")
+    eventually(_phase_is(kubectl, namespace, name, "Running", ready=ready), 60, f"{name} Running")
     return doc
 
 
@@ -354,7 +359,18 @@ def test_two_replicas_one_active_and_failover(
 def test_a_trainer_that_keeps_failing_uses_up_its_restarts_and_the_job_fails(
     operator: support.Operator, kubectl: tools.Tool, namespace: str, gpu_nodes: Callable[..., nodes.Pool]
 ) -> None:
-    _running_small_job(kubectl, namespace, gpu_nodes, "crashy", failurePolicy={"maxRestarts": 2})
+    # One trainer pod (of 4 GPUs): the kubelet's restart of its container restarts the whole trainer
+    # group. With several trainer pods the operator would replace them all after the first crash
+    # (`decide.trainer_group`), and the replacements would not carry this test's crash annotation.
+    _running_small_job(
+        kubectl,
+        namespace,
+        gpu_nodes,
+        "crashy",
+        resources={"gpusPerTrainer": 4},
+        ready="3/3",
+        failurePolicy={"maxRestarts": 2},
+    )
     trainer = "crashy-train-0"
     # The fake kubelet now reports the trainer's container crash-looping with exit code 3, one
     # more restart a second (tests/infra/node_agent.py), as a real kubelet would for a bad worker.
