@@ -292,6 +292,22 @@ def announce(rig: Rig, version: int) -> None:
     assert rig.coord.announce_weights(GEN, group, ann)
 
 
+def revive(rig: Rig, saved: dict[str, object], version: int, weights: dict[str, torch.Tensor]) -> None:
+    """Trainer rank 0 dies and comes back at the same address from `saved` (its checkpoint), with
+    `weights` published as `version`; returns once the generator has reconnected to it."""
+    port = rig.server.port
+    rig.server.stop(0)  # the coordinator is gone
+    cfg = coordinator.Config(samples_per_prompt=G, vocab_size=VOCAB, buffer_groups=4, submit_wait_s=0.05)
+    revived = coordinator.Coordinator(prompts(1000), cfg, state=saved)
+    store = snapshot.SnapshotStore()
+    store.publish(snapshot.WeightSnapshot.from_named_tensors(version, weights.items()))
+    rig.coord, rig.store = revived, store
+    rig.server = server.serve(
+        revived, token=TOKEN, snapshots=store, host="127.0.0.1", port=port, max_workers=16
+    )
+    eventually(lambda: revived.stats().control_streams == 1, what="the generator to reconnect")
+
+
 # --------------------------------------------------------------------------- cases
 
 
@@ -450,25 +466,15 @@ def test_when_its_coordinator_restarts_it_reconnects_and_decodes_with_the_resume
     rig.train_until(2, what="groups decoded at v5")
     saved = rig.coord.export_state()  # what the checkpoint holds: version 5 ...
     saved["weight_version"] = 3  # ... of an earlier checkpoint, say
-    port = rig.server.port
-    rig.server.stop(0)  # the coordinator is gone
-    cfg = coordinator.Config(samples_per_prompt=G, vocab_size=VOCAB, buffer_groups=4, submit_wait_s=0.05)
-    revived = coordinator.Coordinator(prompts(1000), cfg, state=saved)
-    store = snapshot.SnapshotStore()
     resumed = {"w": torch.full((4, 3), 3.0)}
-    store.publish(snapshot.WeightSnapshot.from_named_tensors(3, resumed.items()))
-    rig.coord, rig.store = revived, store
-    rig.server = server.serve(
-        revived, token=TOKEN, snapshots=store, host="127.0.0.1", port=port, max_workers=16
-    )
-    eventually(lambda: revived.stats().control_streams == 1, what="the generator to reconnect")
+    revive(rig, saved, 3, resumed)
     assert rig.gen.reconnects == 1 and rig.thread.is_alive() and not rig.errors
     eventually(lambda: rig.engine.weight_version == 3, what="the resumed version's weights")
     version, got = rig.engine.pulled[-1]
     assert version == 3 and torch.equal(got["w"], resumed["w"])
     for g in rig.train_until(4, what="groups for the revived coordinator"):
         assert all(s.versions.tolist() == [3] * LENGTH for s in g.samples)
-    a = revived.stats().accounting
+    a = rig.coord.stats().accounting
     assert a.balanced
 
 
@@ -487,17 +493,7 @@ def test_a_pull_the_coordinator_died_during_ends_in_a_reconnect_not_a_crash(star
     saved["weight_version"] = 3
     assert rig.coord.request_pull(GEN, 7)  # never published: the generator keeps asking
     time.sleep(1.0)
-    port = rig.server.port
-    rig.server.stop(0)
-    cfg = coordinator.Config(samples_per_prompt=G, vocab_size=VOCAB, buffer_groups=4, submit_wait_s=0.05)
-    revived = coordinator.Coordinator(prompts(1000), cfg, state=saved)
-    store = snapshot.SnapshotStore()
-    store.publish(snapshot.WeightSnapshot.from_named_tensors(3, {"w": torch.full((4, 3), 3.0)}.items()))
-    rig.coord, rig.store = revived, store
-    rig.server = server.serve(
-        revived, token=TOKEN, snapshots=store, host="127.0.0.1", port=port, max_workers=16
-    )
-    eventually(lambda: revived.stats().control_streams == 1, what="the generator to reconnect")
+    revive(rig, saved, 3, {"w": torch.full((4, 3), 3.0)})
     assert rig.gen.reconnects == 1 and rig.thread.is_alive() and not rig.errors
     eventually(lambda: rig.engine.weight_version == 3, what="the resumed version's weights")
     rig.train_until(2, what="groups for the revived coordinator")
