@@ -10,9 +10,11 @@ Cases:
   groups wait for the full buffer (leases, requests and in-flight sequences stay bounded while the
   coordinator keeps refusing re-sends), then resumes when groups are taken, and every prompt is
   accounted for once the source is used up (and `run()` returns by itself);
-- a failed broadcast (`GroupAborted`): the generator leaves the group, pulls the full weights of that
+- a broadcast that failed midway: the generator leaves the group, pulls the full weights of that
   version over gRPC (bit-exact), and the tokens it decodes from then on carry the new version (a
   sequence in flight across the update holds both versions);
+- a broadcast aborted before any tensor (`GroupAborted`: a peer was missing): the weights are intact,
+  so it does not pull the version (not published yet) but decodes on and joins the re-announcement;
 - a Stop on the control stream ends `run()`; `close()` leaves the broadcast group it had joined and
   closes the control stream and the rollout stream;
 - a rollout refused by the coordinator (its lease expired while the generator decoded) is counted,
@@ -61,7 +63,7 @@ class FakeEngine:
     """A `GenerationEngine` that decodes `LENGTH` deterministic tokens per request, one per `step()`.
 
     `allow(n)` lets only `n` more decode steps run (None: no limit); a stalled engine's `step()`
-    returns nothing, like a slow decode. `fail_receive` makes `receive_weights` raise `GroupAborted`.
+    returns nothing, like a slow decode. `fail_receive` is what `receive_weights` raises (if set).
     Calls are recorded: `requests` (every request id added), `sync` (weight-sync calls in order),
     `pulled` (each `update_weights`: version and tensors), `max_in_flight`.
     """
@@ -77,7 +79,7 @@ class FakeEngine:
         self.sync: list[str] = []
         self.pulled: list[tuple[int, dict[str, torch.Tensor]]] = []
         self.max_in_flight = 0
-        self.fail_receive = False
+        self.fail_receive: Exception | None = None
         self.closed = False
 
     def allow(self, steps: int | None) -> None:
@@ -137,8 +139,8 @@ class FakeEngine:
 
     def receive_weights(self, ann: protocol.Announcement) -> None:
         self.sync.append("receive")
-        if self.fail_receive:
-            raise groups.GroupAborted("the sender aborted this weight-sync epoch")
+        if self.fail_receive is not None:
+            raise self.fail_receive
         self._version = ann.version
 
     def leave_weight_group(self) -> None:
@@ -354,10 +356,10 @@ def test_backpressure_stops_leasing_until_the_trainer_takes_groups(start: Start)
     assert rig.gen.refused == 0  # re-sent on backpressure, never given up
 
 
-def test_after_a_failed_broadcast_it_pulls_the_full_weights_and_decodes_with_them(start: Start) -> None:
+def test_after_a_broadcast_failed_midway_it_pulls_the_full_weights_and_decodes_on(start: Start) -> None:
     engine = FakeEngine()
     engine.allow(1)  # one decode step at version 0, then stalled with the sequences in flight
-    engine.fail_receive = True
+    engine.fail_receive = RuntimeError("gloo: connection closed by peer")
     rig = start(40, engine=engine, buffer_groups=64)
     eventually(
         lambda: engine.steps == 1 and engine.num_in_flight() == rig.capacity,
@@ -382,6 +384,25 @@ def test_after_a_failed_broadcast_it_pulls_the_full_weights_and_decodes_with_the
             want = [0] + [3] * (LENGTH - 1) if g.lease_id in started_before else [3] * LENGTH
             assert s.versions.tolist() == want, (g.lease_id, s.versions)
     assert {g.lease_id for g in taken} > started_before
+
+
+def test_an_aborted_broadcast_is_joined_again_not_pulled(start: Start) -> None:
+    """Found by the chaos soak: a peer of this generator was killed, so the broadcaster aborted v3's
+    epoch and re-announced v3 to the rest at once. This generator pulled v3 instead, which the trainer
+    publishes only after the broadcast: the pull waited, the re-announcement waited for it, and both
+    sat out the 30 s join timeout. Now an abort (nothing received, weights intact) is left alone."""
+    engine = FakeEngine()
+    engine.fail_receive = groups.GroupAborted("the sender aborted this weight-sync epoch")
+    rig = start(1000, engine=engine, buffer_groups=4, submit_wait_s=0.05)
+    rig.coord.finish_step(3)  # v3 is not published (no snapshot): a pull could not get it
+    announce(rig, 3)
+    eventually(lambda: engine.sync == ["join", "receive", "leave"], what="the aborted epoch left")
+    engine.fail_receive = None
+    announce(rig, 3)  # the re-announcement, in the epoch without the missing peer
+    eventually(lambda: engine.weight_version == 3, timeout_s=10, what="v3 received by broadcast")
+    assert engine.sync == ["join", "receive", "leave", "join", "receive"] and engine.pulled == []
+    rig.train_until(2, what="groups decoded after the update")
+    assert rig.thread.is_alive() and not rig.errors
 
 
 def test_a_stop_on_the_control_stream_ends_run_and_close_cleans_up(start: Start) -> None:

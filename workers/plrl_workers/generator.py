@@ -209,9 +209,17 @@ class Generator:
             self.engine.join_weight_group(event.group)
             self._in_weight_group = True
             self.engine.receive_weights(event.announcement)
-        except (groups.GroupAborted, RuntimeError) as err:
-            # Aborted before any tensor: the broadcaster re-announces in a new epoch. Failed midway:
-            # the weights may be a mix of two versions, so load a full set before decoding on.
+        except groups.GroupAborted as err:
+            # Aborted before any tensor, so the weights are intact: the broadcaster re-announces the
+            # version in a new epoch within the same call, or (if it left us out) asks for a pull once
+            # it has published it. Pulling now would block this loop on a version not yet published
+            # while the re-announcement waits for us: both sides would sit out the join timeout.
+            log.warning("weight version %d not received (%s)", event.announcement.version, err)
+            self.engine.leave_weight_group()
+            self._in_weight_group = False
+            return
+        except RuntimeError as err:
+            # Failed midway: the weights may be a mix of two versions; load a full set first.
             log.warning("weight version %d not received (%s); pulling", event.announcement.version, err)
             self.engine.leave_weight_group()
             self._in_weight_group = False

@@ -179,6 +179,7 @@ class Coordination:
             engine.named_parameters_for_sync(),
             self.coord.weight_members() if announce else [],
             self.coord.announce_weights,
+            self.coord.weight_member_connected,
         )
         for gen in rep.missed:
             self.coord.request_pull(gen, engine.version)

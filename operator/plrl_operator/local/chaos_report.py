@@ -49,17 +49,19 @@ class KindCost:
     throughput_lost: tuple[float, ...]
 
     def line(self) -> str:
-        def span(xs: Sequence[float], fmt: str) -> str:
-            if not xs:
-                return "-"
-            return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
-
         return (
             f"{self.kind:<4} {self.role:<9} injected {self.injected}, restarted {self.detected}; medians "
             f"(min-max): detection {span(self.detection_s, '.1f')} s; training again after "
             f"{span(self.recovery_s, '.1f')} s; throughput lost ({WINDOW_S:.0f} s after vs before) "
             f"{span(self.throughput_lost, '.0%')}"
         )
+
+
+def span(xs: Sequence[float], fmt: str) -> str:
+    """`median (min-max)` of `xs`, each formatted with `fmt`; "-" if there are none."""
+    if not xs:
+        return "-"
+    return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
 
 
 def _steps_between(progress: Sequence[tuple[float, int]], a: float, b: float) -> float:

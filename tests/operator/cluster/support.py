@@ -137,11 +137,15 @@ class Operator:
             if n == name and all(dict(ls).get(k) == want for k, want in labels.items())
         )
 
-    def writes_to(self, namespace: str) -> list[str]:
-        """Every write this process logged (plrl_operator.k8s: one line per write) into `namespace`."""
+    def writes_to(self, namespace: str, since_start: int | None = None) -> list[str]:
+        """Every write this process logged (plrl_operator.k8s: one line per write) into `namespace`;
+        with `since_start=k`, those of every process from the k-th start on (`starts` counts them)."""
+        first = self.starts if since_start is None else since_start
+        logs = [self.log_dir / f"{self.name}-{k}.log" for k in range(first, self.starts + 1)]
         return [
             line
-            for line in self.log.read_text(errors="replace").splitlines()
+            for log in logs
+            for line in log.read_text(errors="replace").splitlines()
             if "write: " in line and f"/namespaces/{namespace}/" in line
         ]
 

@@ -31,6 +31,10 @@ time): trainer rank 0 migrates part of its work to its peer (a SlowGenerator eve
 been slow for `failurePolicy.slowGeneratorReplaceSeconds` the operator replaces its pod (RESTARTS 1,
 "stayed slow"); the job succeeds with every prompt trained once.
 
+The operator restarted mid-incident (down while a generator hangs and past the detection bound, up
+again, then restarted once more while the replacement starts): the hang is acted on once, counted
+once and said once (decisions and restart counts live in the job's status, not the operator's memory).
+
 `failurePolicy.maxRestarts: 0` and a killed generator: the job ends Failed with a condition that
 names the worker, how it ended and the budget.
 """
@@ -41,7 +45,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
@@ -86,36 +90,77 @@ def _worker_process(namespace: str, pod: str) -> psutil.Process:
     raise LookupError(f"no worker process for pod {namespace}/{pod}")
 
 
+def _training(tiny: Callable[..., e2e.Tiny], steps: int) -> e2e.Tiny:
+    """`_job` applied, once it has trained a few steps."""
+    job = _job(tiny, steps)
+    job.apply()
+    job.watch("Succeeded", timeout_s=240, stop_at_step=4)
+    return job
+
+
+def _succeeds(job: e2e.Tiny, steps: int, restarts: int, timeout_s: float = 400) -> None:
+    """The job reaches Succeeded with all its steps done and `restarts` counted."""
+    seen = job.watch("Succeeded", timeout_s=timeout_s)
+    assert seen[-1].row["STEP"] == str(steps) and seen[-1].row["RESTARTS"] == str(restarts), seen[-1].row
+
+
+@contextlib.contextmanager
+def _hung_generator(job: e2e.Tiny, namespace: str) -> Iterator[tuple[str, Callable[[], bool]]]:
+    """SIGSTOP the job's generator (alive to the kubelet, silent to the operator), resumed on the way
+    out if it is still there; yields its pod's name and `replaced()`: the pod has a new uid now."""
+    (gen,) = [p for p in job.pods() if p["metadata"]["labels"][names.LABEL_ROLE] == names.GENERATOR]
+    pod, uid = gen["metadata"]["name"], gen["metadata"]["uid"]
+    hung = _worker_process(namespace, pod)
+
+    def replaced() -> bool:
+        return all(p["metadata"]["uid"] != uid for p in job.pods() if p["metadata"]["name"] == pod)
+
+    hung.suspend()
+    try:
+        yield pod, replaced
+    finally:
+        with contextlib.suppress(psutil.Error):
+            hung.resume()
+
+
 def test_a_hung_generator_is_replaced_and_the_job_succeeds(
     operator: support.Operator, kubectl: tools.Tool, namespace: str, tiny: Callable[..., e2e.Tiny]
 ) -> None:
     steps = 30
-    job = _job(tiny, steps)
-    job.apply()
-    job.watch("Succeeded", timeout_s=240, stop_at_step=4)
-    (gen,) = [p for p in job.pods() if p["metadata"]["labels"][names.LABEL_ROLE] == names.GENERATOR]
-    pod, uid = gen["metadata"]["name"], gen["metadata"]["uid"]
-    hung = _worker_process(namespace, pod)
-    hung.suspend()  # SIGSTOP: alive to the kubelet, silent to the operator
-    stopped_at = time.monotonic()
-    try:
-
-        def replaced() -> bool:
-            return all(p["metadata"]["uid"] != uid for p in job.pods() if p["metadata"]["name"] == pod)
-
+    job = _training(tiny, steps)
+    with _hung_generator(job, namespace) as (pod, replaced):
+        stopped_at = time.monotonic()
         eventually(replaced, 60, "the hung generator's pod to be replaced")
         detected_s = time.monotonic() - stopped_at
-    finally:
-        with contextlib.suppress(psutil.Error):
-            hung.resume()
     bound = TIMEOUT_S + INTERVAL_S + STATUS_PERIOD_S + 2.0  # + a look's rounding and the API's latency
     print(f"hung generator detected and its pod replaced after {detected_s:.1f} s (bound {bound:.0f} s)")
     assert detected_s <= bound
 
-    seen = job.watch("Succeeded", timeout_s=300)
-    assert seen[-1].row["STEP"] == str(steps) and seen[-1].row["RESTARTS"] == "1", seen[-1].row
+    _succeeds(job, steps, restarts=1)
     messages = _events(kubectl, namespace, "WorkerRestarted")
     assert any(f"generator {pod} stopped responding: no heartbeat for" in m for m in messages), messages
+    _accounted(job, steps)
+
+
+def test_an_operator_restarted_mid_incident_neither_forgets_nor_repeats_the_replacement(
+    operator: support.Operator, kubectl: tools.Tool, namespace: str, tiny: Callable[..., e2e.Tiny]
+) -> None:
+    steps = 30
+    job = _training(tiny, steps)
+    restarted_from = operator.starts + 1
+    operator.stop()  # the operator is down when the generator hangs ...
+    with _hung_generator(job, namespace) as (pod, replaced):
+        time.sleep(TIMEOUT_S + INTERVAL_S + 2.0)  # ... and stays down past the hang's detection bound
+        operator.start()  # it must not forget: the hang is found from the Lease in the API server
+        eventually(replaced, 60, "the hung generator's pod to be replaced by the restarted operator")
+    # Down again while the replacement starts, before it has renewed its Lease: a successor that
+    # judged from memory would find the new pod's Lease stale and charge the same failure again.
+    operator.restart()
+    _succeeds(job, steps, restarts=1)
+    messages = _events(kubectl, namespace, "WorkerRestarted")
+    assert len(messages) == 1 and messages[0].startswith(f"generator {pod} stopped responding"), messages
+    deletes = [w for w in operator.writes_to(namespace, since_start=restarted_from) if "DELETE" in w]
+    assert len(deletes) == 1 and f"/pods/{pod}" in deletes[0], deletes  # one delete, by the first successor
     _accounted(job, steps)
 
 
@@ -135,8 +180,7 @@ def test_killed_generator_and_trainer_processes_are_restarted_and_the_job_succee
     job.watch("Succeeded", timeout_s=240, stop_at_step=12)
     _worker_process(namespace, _pod_name(job, names.TRAINER)).kill()
 
-    seen = job.watch("Succeeded", timeout_s=400)
-    assert seen[-1].row["STEP"] == str(steps) and seen[-1].row["RESTARTS"] == "2", seen[-1].row
+    _succeeds(job, steps, restarts=2)
     logs = job.log_tails(400)
     assert "resumed from /checkpoints: step" in logs, logs
     assert "the coordinator is gone" in logs and "reconnecting" in logs, logs
@@ -181,8 +225,7 @@ def test_a_killed_trainer_rank_restarts_the_whole_trainer_group_and_the_job_succ
 
     eventually(group_replaced, 60, "both trainer pods to be replaced")
     print(f"trainer group replaced {time.monotonic() - killed_at:.1f} s after rank 1 was killed")
-    seen = job.watch("Succeeded", timeout_s=400)
-    assert seen[-1].row["STEP"] == str(steps) and seen[-1].row["RESTARTS"] == "1", seen[-1].row
+    _succeeds(job, steps, restarts=1)
     (group,) = _events(kubectl, namespace, "TrainerGroupRestarted")
     assert f"replacing trainer pods {', '.join(sorted(before))}" in group, group
     restarted = _events(kubectl, namespace, "WorkerRestarted")
@@ -200,9 +243,7 @@ def test_pods_on_a_lost_node_are_force_deleted_and_rescheduled_and_the_job_succe
     core_api: client.ApiClient,
 ) -> None:
     steps = 30
-    job = _job(tiny, steps)
-    job.apply()
-    job.watch("Succeeded", timeout_s=240, stop_at_step=4)
+    job = _training(tiny, steps)
     pods = job.pods()
     gen = next(p for p in pods if p["metadata"]["labels"][names.LABEL_ROLE] == names.GENERATOR)
     node = gen["spec"]["nodeName"]
@@ -229,8 +270,7 @@ def test_pods_on_a_lost_node_are_force_deleted_and_rescheduled_and_the_job_succe
     moved_s = time.monotonic() - lost_at
     bound = TIMEOUT_S + INTERVAL_S + STATUS_PERIOD_S + 2.0
     print(f"node lost: {sorted(lost)} rescheduled after {moved_s:.1f} s (detection bound {bound:.0f} s)")
-    seen = job.watch("Succeeded", timeout_s=400)
-    assert seen[-1].row["STEP"] == str(steps) and seen[-1].row["RESTARTS"] == str(len(lost)), seen[-1].row
+    _succeeds(job, steps, restarts=len(lost))
     said = _events(kubectl, namespace, "NodeNotReady")
     for name in lost:
         assert any(f"force-deleting pod {name} on node {node}" in m for m in said), said
@@ -307,8 +347,7 @@ def test_a_generator_that_stays_slow_is_replaced_and_the_job_succeeds(
             lambda: _uids(job, names.GENERATOR).get(slow_pod, uid) != uid, 150, "the slow pod replaced"
         )
     print(f"slow generator replaced {time.monotonic() - slowed_at:.1f} s after it was slowed")
-    seen = job.watch("Succeeded", timeout_s=400)
-    assert seen[-1].row["STEP"] == str(steps) and seen[-1].row["RESTARTS"] == "1", seen[-1].row
+    _succeeds(job, steps, restarts=1)
     said = _events(kubectl, namespace, "SlowGenerator")
     assert any(m.startswith(f"generator {slow_pod} is slow: ") and "migrated" in m for m in said), said
     restarted = _events(kubectl, namespace, "WorkerRestarted")

@@ -114,10 +114,10 @@ def test_a_slow_generator_s_work_migrates_to_its_peer_and_one_that_stays_slow_is
 
 
 def test_seeded_random_chaos_of_every_kind_is_survived(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
-    """The short version of `make chaos`: kills, stops and slows at seeded random steps."""
-    steps = 60
+    """The short version of `make chaos`: ten kills, stops and slows at seeded random steps."""
+    steps = 80
     job = _job(tmp_path, steps)
-    r = plrl("run", str(job), "--run-dir", str(run_dir), "--chaos", "random:3:seed=3", timeout=900)
+    r = plrl("run", str(job), "--run-dir", str(run_dir), "--chaos", "random:10:seed=3", timeout=900)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert r.leftover == []
@@ -129,7 +129,7 @@ def test_seeded_random_chaos_of_every_kind_is_survived(tmp_path: pathlib.Path, r
         print(c)
         if c.kind == "kill":
             assert c.detection_s is not None and c.detection_s <= runner.LOOK_EVERY_S + LOOK_SLACK_S, c
-        if c.kind == "stop":  # seed 3: trainer-0 for 18.6 s, longer than the timeout
+        if c.kind == "stop":  # every random stop (5-20 s) outlasts the 4 s timeout
             assert c.detection_s is not None and c.detection_s <= TIMEOUT_S + INTERVAL_S + LOOK_SLACK_S, c
     for line in [k.line() for k in chaos_report.by_kind(costs)]:
         assert f"chaos: {line}" in out

@@ -236,6 +236,29 @@ def test_control_stream_delivers_announcements_pulls_and_stop(
     ]
 
 
+def test_a_closed_control_stream_tells_the_broadcaster_the_announced_member_is_gone(
+    cli: client.CoordinatorClient, coord: coordinator.Coordinator
+) -> None:
+    """`weight_member_connected` (the broadcaster's probe) follows the stream that carried the
+    announcement: it turns False once that stream ends (a killed generator), and stays False when
+    the generator registers anew (its new process knows nothing of the announcement)."""
+    cli.register("gen-0")
+    stream = cli.control("gen-0")
+    eventually(lambda: coord.weight_members() == ["gen-0"], what="the control stream attached")
+    group = protocol.GroupInfo("127.0.0.1", 29500, 1, 2, 4, "gloo")
+    ann = protocol.Announcement(2, 4, (protocol.ParamMeta("w", "float32", (3, 2)),), 1024)
+    assert not coord.weight_member_connected("gen-0")  # nothing announced to it yet
+    assert coord.announce_weights("gen-0", group, ann)
+    assert coord.weight_member_connected("gen-0")
+    stream.cancel()  # what the kernel does for a killed process: the connection goes away
+    eventually(lambda: not coord.weight_member_connected("gen-0"), what="the closed stream noticed")
+    cli.register("gen-0")
+    again = cli.control("gen-0")
+    eventually(lambda: coord.weight_members() == ["gen-0"], what="the new stream attached")
+    assert not coord.weight_member_connected("gen-0")
+    again.cancel()
+
+
 def test_pull_weights_is_bit_exact_and_refuses_missing_versions(
     cli: client.CoordinatorClient, store: snapshot.SnapshotStore
 ) -> None:

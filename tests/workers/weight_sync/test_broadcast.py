@@ -7,7 +7,9 @@ Cases: two receivers get every tensor bit-exact, for two versions in one epoch, 
 and a parameter larger than a bucket; replacing a receiver starts a new epoch that both members join;
 a member that never shows up is dropped after the join timeout, reported as missed, and the others
 still get the version (in a new epoch); the next version skips it without waiting; a member without
-a control stream is left out at once; a member that missed a version pulls it over gRPC bit-exact.
+a control stream is left out at once, and so is one whose stream closes after the announcement (it
+died), without waiting out the join timeout; a member that missed a version pulls it over gRPC
+bit-exact.
 """
 
 from __future__ import annotations
@@ -207,6 +209,48 @@ def test_a_member_that_never_joins_is_reported_and_the_rest_still_get_the_versio
             expect_exact(peers[m].read(), 7, weights(7))
     finally:
         bc.close()
+
+
+def test_a_member_that_disconnects_before_joining_is_dropped_without_waiting_out_the_timeout(
+    peers: dict[str, Peer],
+) -> None:
+    """The chaos soak's kill of a generator: announced to, then its process died (its control stream
+    closed). With a join timeout far beyond this test's patience, the broadcast still completes for
+    the others, because `connected` says the member cannot answer any more; and once it is back
+    (registered anew) it is announced to again at the next version, not skipped."""
+    live = sorted(m for m, p in peers.items() if p.proc.poll() is None)
+    reborn: dict[str, Peer] = {}
+
+    def dying(member: str, group: protocol.GroupInfo, ann: protocol.Announcement) -> bool:
+        if member == "dead" and not reborn:
+            return True  # the announcement went out; the process died before it could answer
+        return announce_to({**peers, **reborn})(member, group, ann)
+
+    bc = sender.WeightBroadcaster(advertise_host="127.0.0.1", join_timeout_s=600.0)
+    out: list[sender.BroadcastReport] = []
+    try:
+        call = threading.Thread(
+            target=lambda: out.append(
+                bc.broadcast(5, weights(5).items(), [*live, "dead"], dying, lambda m: m != "dead")
+            )
+        )
+        call.start()
+        call.join(timeout=60)
+        assert not call.is_alive(), "the broadcast waited for a member that was gone"
+        (report,) = out
+        assert report.missed == ("dead",) and report.delivered == tuple(live)
+        for m in live:
+            assert peers[m].read()["aborted"] is True
+            expect_exact(peers[m].read(), 5, weights(5))
+        (reborn["dead"],) = start(1)  # restarted, registered anew: connected again
+        again = bc.broadcast(6, weights(6).items(), [*live, "dead"], dying, lambda m: True)
+        assert (again.delivered, again.missed) == ((*live, "dead"), ())  # not skipped for having died
+        for p in [*(peers[m] for m in live), reborn["dead"]]:
+            expect_exact(p.read(), 6, weights(6))
+    finally:
+        bc.close()
+        for p in reborn.values():
+            p.close()
 
 
 def test_a_member_that_missed_versions_pulls_them_over_grpc(peers: dict[str, Peer]) -> None:

@@ -24,6 +24,7 @@ class ControlHub:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._channels: dict[str, Channel] = {}
+        self._announced: dict[str, Channel] = {}  # where each generator's latest WeightUpdate went
         self._stopped: protocol.Stop | None = None
 
     def attach(self, generator_id: str) -> Channel:
@@ -44,12 +45,14 @@ class ControlHub:
         with self._lock:
             if self._channels.get(generator_id) is channel:
                 del self._channels[generator_id]
+                self._announced.pop(generator_id, None)
                 return True
             return False
 
     def close(self, generator_id: str) -> None:
         with self._lock:
             channel = self._channels.pop(generator_id, None)
+            self._announced.pop(generator_id, None)
         if channel is not None:
             channel.put(None)
 
@@ -61,10 +64,19 @@ class ControlHub:
         """Queue `event`; False if the generator has no open stream."""
         with self._lock:
             channel = self._channels.get(generator_id)
+            if channel is not None and isinstance(event, protocol.WeightUpdate):
+                self._announced[generator_id] = channel
         if channel is None:
             return False
         channel.put(event)
         return True
+
+    def announced_stream_open(self, generator_id: str) -> bool:
+        """Whether the stream that carried `generator_id`'s latest WeightUpdate is still its current
+        one (False once it ended, or the generator registered anew and knows nothing of it)."""
+        with self._lock:
+            channel = self._channels.get(generator_id)
+            return channel is not None and self._announced.get(generator_id) is channel
 
     def stop_all(self, reason: str) -> None:
         """Send Stop on every stream, now and on any opened later."""

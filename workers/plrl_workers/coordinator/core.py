@@ -45,7 +45,10 @@ Usage (trainer rank 0):
         groups = coord.take(batch_groups, timeout_s=60)
         ... train one step on groups ...
         coord.finish_step(step)           # marks them trained; tokens up to version `step` accepted
-        bc.broadcast(step, model.named_parameters(), coord.weight_members(), coord.announce_weights)
+        bc.broadcast(
+            step, model.named_parameters(), coord.weight_members(), coord.announce_weights,
+            coord.weight_member_connected,
+        )
     state = coord.export_state()          # into the checkpoint
 """
 
@@ -562,6 +565,11 @@ class Coordinator:
     ) -> bool:
         """`sender.Announce` callback: queue a WeightUpdate; False if the generator has no control stream."""
         return self._control.send(generator_id, protocol.WeightUpdate(group, announcement))
+
+    def weight_member_connected(self, generator_id: str) -> bool:
+        """`sender.Connected` probe: the stream that carried this generator's latest weight
+        announcement is still open (a killed generator's ends within the server's 0.5 s poll)."""
+        return self._control.announced_stream_open(generator_id)
 
     def request_pull(self, generator_id: str, version: int) -> bool:
         return self._control.send(generator_id, protocol.PullWeights(version))

@@ -19,7 +19,7 @@ import datetime
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
@@ -88,7 +88,6 @@ def new_process_group(
     pg = ctor(pg_store, rank, world_size, opts)
     assert isinstance(pg, c10d.Backend)
     return pg
-    raise ValueError(f"unknown weight-sync backend {backend!r}")
 
 
 def close_process_group(pg: c10d.Backend | None) -> None:
@@ -124,32 +123,27 @@ def collect_ready(
     ranks: Sequence[int],
     timeout_s: float,
     abort: threading.Event | None = None,
-    slice_s: float = 0.25,
+    gone: Callable[[int], bool] | None = None,
 ) -> list[int]:
-    """Sender side: wait up to `timeout_s` for every rank's ready key; return the ranks still missing.
+    """Sender side: wait up to `timeout_s` for every rank's ready key; return the ranks missing.
 
-    With `abort` (e.g. the trainer's stop event) the wait goes in slices and gives up as soon as it
-    is set: a trainer told to stop must not wait out the join timeout for generators already gone.
+    It polls the keys (`check` does not block) so that it can stop early: as soon as `gone(rank)` says a
+    rank that has not answered never will (its process died or registered anew: the epoch cannot
+    complete, so only those ranks are returned and the rest meet again in the next epoch), and at
+    once when `abort` is set (a stopping trainer must not wait out the timeout for generators
+    already gone). Without this a killed generator cost every peer, and the trainer, the whole timeout.
     """
-    keys = [f"ready/{r}" for r in ranks]
-    if not keys:
-        return []
+    waiting = list(ranks)
     end = time.monotonic() + timeout_s
+    pause = 0.001
     while True:
-        left = end - time.monotonic()
-        step = left if abort is None else min(left, slice_s)
-        try:
-            store.wait(keys, datetime.timedelta(seconds=max(step, 0.001)))
+        waiting = [r for r in waiting if not store.check([f"ready/{r}"])]
+        if not waiting:
             return []
-        except dist.DistStoreError:
-            pass  # someone is late; find out who (below), unless there is time and no abort
-        if left <= step or (abort is not None and abort.is_set()):
-            break
-    deadline = time.monotonic() + 0.05
-    missing = list(ranks)
-    while missing:
-        missing = [r for r in missing if not store.check([f"ready/{r}"])]
-        if not missing or time.monotonic() >= deadline:
-            break
-        time.sleep(0.01)
-    return missing
+        lost = [r for r in waiting if gone is not None and gone(r)]
+        if lost:
+            return lost
+        if time.monotonic() >= end or (abort is not None and abort.is_set()):
+            return waiting
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)  # answers come within milliseconds, stragglers are polled gently

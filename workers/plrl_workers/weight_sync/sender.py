@@ -14,7 +14,10 @@ the packed buffers so a generator that missed versions can pull them over gRPC.
 Usage (trainer rank 0, after each optimizer step):
 
     bc = sender.WeightBroadcaster(advertise_host="trainer-0.job", snapshots=store)
-    report = bc.broadcast(version, model.named_parameters(), coord.weight_members(), coord.announce_weights)
+    report = bc.broadcast(
+        version, model.named_parameters(), coord.weight_members(), coord.announce_weights,
+        coord.weight_member_connected,
+    )
     for gen in report.missed:       # did not get this version: tell them to pull it
         coord.request_pull(gen, version)
     ...
@@ -43,6 +46,8 @@ MAX_IN_FLIGHT = 2  # buckets on the wire while the next one is packed
 
 # Deliver one member's announcement; False if that member cannot be reached (it is then left out).
 Announce = Callable[[str, protocol.GroupInfo, protocol.Announcement], bool]
+# Whether the member that was last announced to can still answer (False: it died or re-registered).
+Connected = Callable[[str], bool]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +72,8 @@ class WeightBroadcaster:
         device: where buckets are packed ("cpu" for gloo, the trainer's CUDA device for nccl).
         bucket_bytes: bytes per broadcast call (parameters are never split across buckets).
         timeout_s: collective timeout; a peer that dies mid-transfer fails the version after this.
-        join_timeout_s: how long each version waits for every member's ready key.
+        join_timeout_s: how long each version waits for every member's ready key (a member that
+            is seen to be gone, see `broadcast(connected=)`, is not waited for).
         abort: if given and set (the trainer is stopping), a version stops waiting for members at once.
         snapshots: if given, every version is published there (CPU copy) for the pull path.
         skip_missing_for: a member that failed to join is left out of this many following
@@ -141,11 +147,13 @@ class WeightBroadcaster:
         named_tensors: Iterable[tuple[str, torch.Tensor]],
         members: Sequence[str],
         announce: Announce,
+        connected: Connected | None = None,
     ) -> BroadcastReport:
         """Send every tensor to every member (blocking); with no members only publish the snapshot.
 
         The tensors must not change until this returns (they are copied bucket by bucket while
-        earlier buckets are on the wire).
+        earlier buckets are on the wire). With `connected`, a member that has not joined yet and is
+        no longer connected is dropped at once instead of after the join timeout.
         """
         start = time.perf_counter()
         self._drop_stale_keys()  # every receiver has read the previous call's go keys by now
@@ -165,11 +173,13 @@ class WeightBroadcaster:
             self._new_epoch(wanted)
         while self._members:
             ann = protocol.Announcement(version, self._epoch, params, self._bucket_bytes)
-            missing = self._handshake(ann, announce)
+            missing = self._handshake(ann, announce, connected)
             if missing:
                 missed.extend(missing)
                 for m in missing:
-                    self._skip_until[m] = self._calls + self._skip_missing_for + 1
+                    # One that is gone comes back with a new stream, ready; one that timed out may not.
+                    if connected is None or connected(m):
+                        self._skip_until[m] = self._calls + self._skip_missing_for + 1
                 log.warning(
                     "weight v%d: %s missing from epoch %d; retrying without", version, missing, ann.epoch
                 )
@@ -217,7 +227,9 @@ class WeightBroadcaster:
         if members:
             log.info("weight sync epoch %d: members %s", self._epoch, list(members))
 
-    def _handshake(self, ann: protocol.Announcement, announce: Announce) -> list[str]:
+    def _handshake(
+        self, ann: protocol.Announcement, announce: Announce, connected: Connected | None
+    ) -> list[str]:
         """Announce `ann`, wait for every member's ready key, then say go or abort. Returns the missing."""
         unreachable = [m for m in self._members if not announce(m, self.group_info(m), ann)]
         vstore = groups.version_store(groups.epoch_store(self._store, ann.epoch), ann.version)
@@ -226,7 +238,9 @@ class WeightBroadcaster:
         if unreachable:  # no point waiting: this epoch cannot complete
             vstore.set("go", groups.GO_ABORT)
             return unreachable
-        ready = groups.collect_ready(vstore, ranks, self._join_timeout_s, abort=self._abort)
+        members = self._members
+        gone = None if connected is None else (lambda r: not connected(members[r - 1]))
+        ready = groups.collect_ready(vstore, ranks, self._join_timeout_s, abort=self._abort, gone=gone)
         missing = [self._members[r - 1] for r in ready]
         vstore.set("go", groups.GO_ABORT if missing else groups.GO_OK)
         return missing
