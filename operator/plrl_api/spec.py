@@ -566,12 +566,24 @@ class PipelineSpec(_Model):
     )
 
 
+DEFAULT_STARTUP_TIMEOUT_S = 900.0
+
+
 class HeartbeatSpec(_Model):
     """How workers prove they are alive (Lease renewals)."""
 
     interval_seconds: float = Field(default=5.0, gt=0.0, le=3600.0, description="Lease renewal period, s.")
     timeout_seconds: float = Field(
         default=30.0, gt=0.0, le=86_400.0, description="A worker silent this long is dead, s."
+    )
+    startup_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=86_400.0,
+        description="A worker that has sent no heartbeat this long after its process (container) "
+        "started is hung while starting and is restarted, s. Workers heartbeat once their engine is "
+        "built, so this covers model loading (minutes for a large model under vLLM), like a "
+        f"startupProbe. Default: {DEFAULT_STARTUP_TIMEOUT_S:g} or timeoutSeconds if that is longer.",
     )
 
     RULES = (
@@ -582,7 +594,21 @@ class HeartbeatSpec(_Model):
             "heartbeat.timeoutSeconds={timeoutSeconds} must be greater than "
             "heartbeat.intervalSeconds={intervalSeconds}",
         ),
+        Rule(
+            "startupTimeoutSeconds",
+            "!has(self.startupTimeoutSeconds) || self.startupTimeoutSeconds >= self.timeoutSeconds",
+            lambda h: h.startup_timeout_seconds is None or h.startup_timeout_seconds >= h.timeout_seconds,
+            "heartbeat.startupTimeoutSeconds={startupTimeoutSeconds} must be at least "
+            "heartbeat.timeoutSeconds={timeoutSeconds}",
+        ),
     )
+
+    @property
+    def startup_deadline_seconds(self) -> float:
+        """`startupTimeoutSeconds`, or its default: a start-up may take at least as long as a silence."""
+        if self.startup_timeout_seconds is not None:
+            return self.startup_timeout_seconds
+        return max(DEFAULT_STARTUP_TIMEOUT_S, self.timeout_seconds)
 
 
 class FailurePolicySpec(_Model):

@@ -286,14 +286,10 @@ def workers(
             how, replace, detail = "was lost", True, f"its node {node} {lost}"
         elif running and heartbeat is not None and now is not None:
             beat = health.Beat(name, True, started, renewed.get(name))
-            if health.classify(beat, now, heartbeat.timeout_seconds) is health.Health.STALE:
-                last = renewed[name]
-                assert last is not None
+            silent = health.verdict(beat, now, heartbeat)
+            if silent is not None:
                 replace = True
-                detail = (
-                    f"no heartbeat for {(now - last).total_seconds():.0f} s "
-                    f"(spec.heartbeat.timeoutSeconds={heartbeat.timeout_seconds:g}): hung or cut off"
-                )
+                detail = silent
             elif role == names.GENERATOR and name in slow and failure_policy is not None:
                 assert reported_at is not None
                 why = health.stays_slow(slow[name], reported_at, started, failure_policy)

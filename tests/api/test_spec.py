@@ -206,6 +206,13 @@ RULES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "heartbeat.timeoutSeconds=10 must be greater than heartbeat.intervalSeconds=10",
     ),
     (
+        "heartbeat-startup",
+        {"heartbeat": {"timeoutSeconds": 60, "startupTimeoutSeconds": 59}},
+        {"heartbeat": {"timeoutSeconds": 60, "startupTimeoutSeconds": 60}},
+        "spec.heartbeat.startupTimeoutSeconds",
+        "heartbeat.startupTimeoutSeconds=59 must be at least heartbeat.timeoutSeconds=60",
+    ),
+    (
         "hybrid",
         {"pipeline": {"mode": "hybrid"}},
         {"pipeline": {"mode": "hybrid", "hybridSwitchStep": 5}},

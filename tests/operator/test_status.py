@@ -376,7 +376,7 @@ def test_a_running_pod_whose_lease_went_stale_is_hung_and_replaced() -> None:
     job = _job(heartbeat={"intervalSeconds": 2, "timeoutSeconds": 10})
     children = _running_children()
     for pod in children.pods:
-        _running_since(pod, "2026-01-01T11:00:00Z")
+        _running_since(pod, "2026-01-01T11:58:00Z")  # 2 min: within the start-up timeout
     renewals = {
         "demo-generator-0": "2026-01-01T11:59:59.000000Z",  # fresh
         "demo-generator-1": "2026-01-01T11:59:45.000000Z",  # silent for 15 s > 10 s: hung
@@ -387,7 +387,9 @@ def test_a_running_pod_whose_lease_went_stale_is_hung_and_replaced() -> None:
     observed = status.observation(children, job.spec.heartbeat, T0)
     hung = [w for w in observed.workers if w.needs_restart]
     assert [(w.name, w.instance) for w in hung] == [("demo-generator-1", "uid-demo-generator-1")]
-    assert hung[0].detail == "no heartbeat for 15 s (spec.heartbeat.timeoutSeconds=10): hung or cut off"
+    assert hung[0].detail == (
+        "no heartbeat for 15 s (spec.heartbeat.timeoutSeconds=10): hung, stopped or cut off"
+    )
     verdict = decide.decide(job.spec, observed, decide.History())
     (d,) = verdict.decisions
     assert isinstance(d, decide.Restart) and d.worker == "demo-generator-1" and not d.by_platform
@@ -397,6 +399,23 @@ def test_a_running_pod_whose_lease_went_stale_is_hung_and_replaced() -> None:
     assert status.history(s).replacing == {"uid-demo-generator-1"}
     # Without heartbeat settings (or a time) nothing is judged hung.
     assert not any(w.needs_restart for w in status.observation(children).workers)
+
+
+def test_a_pod_silent_since_its_container_started_is_hung_after_the_startup_timeout() -> None:
+    """Found by the chaos soak: a worker hung before its first heartbeat was never judged."""
+    job = _job(heartbeat={"intervalSeconds": 2, "timeoutSeconds": 10, "startupTimeoutSeconds": 300})
+    children = _running_children()
+    for pod in children.pods:
+        _running_since(pod, "2026-01-01T11:54:00Z")  # 6 min ago
+    _running_since(children.pods[2], "2026-01-01T11:56:00Z")  # trainer-0: 4 min ago, still starting
+    children.leases.extend(_beat(p["metadata"]["name"], T0) for p in children.pods[:1])  # only gen-0 beats
+    observed = status.observation(children, job.spec.heartbeat, T0)
+    hung = {w.name: w.detail for w in observed.workers if w.needs_restart}
+    assert set(hung) == {"demo-generator-1", "demo-trainer-1"}, hung
+    assert hung["demo-generator-1"] == (
+        "no heartbeat in the 359 s since it started (spec.heartbeat.startupTimeoutSeconds=300): "
+        "hung while starting"
+    )
 
 
 def test_pods_on_a_node_not_ready_past_the_timeout_are_lost_with_it() -> None:
@@ -464,7 +483,7 @@ def test_a_generator_rank_0_reports_slow_for_the_replace_time_is_replaced() -> N
     for pod in children.pods:
         _running_since(pod, "2026-01-01T11:00:00Z")
         pod["metadata"]["creationTimestamp"] = "2026-01-01T11:00:00Z"
-    children.leases.extend(_beat(p["metadata"]["name"], T0) for p in children.pods[:3])
+    children.leases.extend(_beat(p["metadata"]["name"], T0) for p in children.pods)
     slow = records.SlowGenerator(
         generator="demo-generator-1", slow_for_seconds=130, rate=0.5, peers_median=2.0, migrated=6
     )

@@ -280,13 +280,10 @@ def observe(
             renewed = lease[0] if lease is not None else None
             beat = health.Beat(name, True, started, renewed)
             gen_id = child.pod(names.GENERATOR, int(r.spec.env.get(names.ENV_POD_INDEX, "0")))
-            if health.classify(beat, now, heartbeat.timeout_seconds) is health.Health.STALE:
-                assert renewed is not None
+            silent = health.verdict(beat, now, heartbeat, digits=1)
+            if silent is not None:
                 failed = True
-                detail = (
-                    f"no heartbeat for {(now - renewed).total_seconds():.1f} s "
-                    f"(spec.heartbeat.timeoutSeconds={heartbeat.timeout_seconds:g}): hung or stopped"
-                )
+                detail = silent
             elif r.spec.role == names.GENERATOR and gen_id in slow and coordinator is not None:
                 why = health.stays_slow(slow[gen_id], coordinator[0], started, job.spec.failure_policy)
                 if why is not None:

@@ -1,8 +1,10 @@
 """Worker health from what a controller observes: alive, stale, exited, slow. Pure.
 
 A worker that is running but has not renewed its heartbeat since it (re)started is `STARTING`
-(it may still be loading its model); one that renewed within `heartbeat.timeoutSeconds` is
-`HEALTHY`; one whose last renewal is older is `STALE` (hung, or cut off from the API server).
+(it may still be loading its model) for up to `heartbeat.startupTimeoutSeconds`, then
+`STUCK_STARTING` (hung before its first heartbeat); one that renewed within
+`heartbeat.timeoutSeconds` is `HEALTHY`; one whose last renewal is older is `STALE` (hung, or cut
+off from the API server).
 `slow` compares completion rates among peers: a generator this fraction below its peers' median
 is slow (the seed's 15-20% rule). `node_lost` says when a node's pods are to be given up on: its
 Ready condition has not been True for `heartbeat.timeoutSeconds` (its kubelet is gone, so a pod
@@ -28,6 +30,7 @@ slow = peers.slow  # the one rule, shared with the coordinator (plrl_api.peers)
 
 class Health(enum.StrEnum):
     STARTING = "starting"
+    STUCK_STARTING = "stuck-starting"
     HEALTHY = "healthy"
     STALE = "stale"
     EXITED = "exited"
@@ -45,15 +48,46 @@ class Beat:
     """Its last heartbeat (Lease renewTime); None if it never renewed one."""
 
 
-def classify(beat: Beat, now: datetime.datetime, timeout_s: float) -> Health:
+def classify(
+    beat: Beat, now: datetime.datetime, timeout_s: float, startup_timeout_s: float | None = None
+) -> Health:
     if not beat.running:
         return Health.EXITED
     # A renewal older than this incarnation belongs to its predecessor and says nothing about it.
     if beat.renewed is None or (beat.started is not None and beat.renewed < beat.started):
+        if startup_timeout_s is not None and starting_for(beat, now) > startup_timeout_s:
+            return Health.STUCK_STARTING
         return Health.STARTING
     if (now - beat.renewed).total_seconds() > timeout_s:
         return Health.STALE
     return Health.HEALTHY
+
+
+def starting_for(beat: Beat, now: datetime.datetime) -> float:
+    """Seconds since this incarnation started (0 if unknown: it is not judged)."""
+    return 0.0 if beat.started is None else max(0.0, (now - beat.started).total_seconds())
+
+
+def verdict(
+    beat: Beat, now: datetime.datetime, heartbeat: spec_mod.HeartbeatSpec, digits: int = 0
+) -> str | None:
+    """Why a running worker must be replaced for its heartbeat (hung, or hung while starting), or
+    None. The one wording for both controllers (`plrl_operator.status`, `local.runner`)."""
+    health = classify(beat, now, heartbeat.timeout_seconds, heartbeat.startup_deadline_seconds)
+    if health is Health.STALE:
+        assert beat.renewed is not None
+        silent = (now - beat.renewed).total_seconds()
+        return (
+            f"no heartbeat for {silent:.{digits}f} s (spec.heartbeat.timeoutSeconds="
+            f"{heartbeat.timeout_seconds:g}): hung, stopped or cut off"
+        )
+    if health is Health.STUCK_STARTING:
+        return (
+            f"no heartbeat in the {starting_for(beat, now):.{digits}f} s since it started "
+            f"(spec.heartbeat.startupTimeoutSeconds={heartbeat.startup_deadline_seconds:g}): "
+            "hung while starting"
+        )
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -251,6 +251,12 @@ MORE: list[Case] = [
         rule=True,
     ),
     Case(
+        "heartbeat-startup-order",
+        "spec.heartbeat.startupTimeoutSeconds",
+        put("spec.heartbeat", {"timeoutSeconds": 30, "startupTimeoutSeconds": 10}),
+        rule=True,
+    ),
+    Case(
         "autoscale-ratios",
         "spec.pipeline.autoscale.lowerRatio",
         put("spec.pipeline.autoscale", {"lowerRatio": 0.95, "upperRatio": 0.9}),
