@@ -28,6 +28,7 @@ from torch._C import _distributed_c10d as c10d
 
 GO_OK = "ok"
 GO_ABORT = "abort"
+SWEEP_S = 0.25  # how often a join that is still waiting looks for members that are gone
 
 
 class GroupAborted(RuntimeError):
@@ -134,16 +135,26 @@ def collect_ready(
     already gone). Without this a killed generator cost every peer, and the trainer, the whole timeout.
     """
     waiting = list(ranks)
+    if not waiting:
+        return []
     end = time.monotonic() + timeout_s
-    pause = 0.001
+    pause, next_sweep = 0.001, 0.0
     while True:
-        waiting = [r for r in waiting if not store.check([f"ready/{r}"])]
-        if not waiting:
+        if store.check([f"ready/{r}" for r in waiting]):  # one request, however many are left
             return []
-        lost = [r for r in waiting if gone is not None and gone(r)]
-        if lost:
-            return lost
-        if time.monotonic() >= end or (abort is not None and abort.is_set()):
-            return waiting
+        now = time.monotonic()
+        final = now >= end or (abort is not None and abort.is_set())
+        if final or now >= next_sweep:
+            # Who exactly is missing costs a request per rank, so it is asked at most every SWEEP_S
+            # (a thousand generators must not cost a thousand requests per poll).
+            waiting = [r for r in waiting if not store.check([f"ready/{r}"])]
+            next_sweep = now + SWEEP_S
+            if not waiting:
+                return []
+            lost = [r for r in waiting if gone is not None and gone(r)]
+            if lost:
+                return lost
+            if final:
+                return waiting
         time.sleep(pause)
         pause = min(pause * 2, 0.02)  # answers come within milliseconds, stragglers are polled gently
