@@ -209,21 +209,20 @@ class Generator:
             self.engine.join_weight_group(event.group)
             self._in_weight_group = True
             self.engine.receive_weights(event.announcement)
-        except groups.GroupAborted as err:
-            # Aborted before any tensor, so the weights are intact: the broadcaster re-announces the
-            # version in a new epoch within the same call, or (if it left us out) asks for a pull once
-            # it has published it. Pulling now would block this loop on a version not yet published
-            # while the re-announcement waits for us: both sides would sit out the join timeout.
-            log.warning("weight version %d not received (%s)", event.announcement.version, err)
-            self.engine.leave_weight_group()
-            self._in_weight_group = False
-            return
         except RuntimeError as err:
-            # Failed midway: the weights may be a mix of two versions; load a full set first.
-            log.warning("weight version %d not received (%s); pulling", event.announcement.version, err)
+            # Aborted before any tensor (GroupAborted): the weights are intact, and the broadcaster
+            # re-announces the version in a new epoch within the same call, or (if it left us out)
+            # asks for a pull once it has published it. Pulling now would block this loop on a
+            # version not yet published while the re-announcement waits for us: both sides would sit
+            # out the join timeout. Failed midway: the weights may be a mix of two versions, so load
+            # a full set first.
+            midway = not isinstance(err, groups.GroupAborted)
+            then = "; pulling" if midway else ""
+            log.warning("weight version %d not received (%s)%s", event.announcement.version, err, then)
             self.engine.leave_weight_group()
             self._in_weight_group = False
-            self._pull(event.announcement.version)
+            if midway:
+                self._pull(event.announcement.version)
             return
         if self.metrics is not None:
             self.metrics.weight_version.set(self.engine.weight_version)

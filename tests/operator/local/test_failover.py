@@ -70,8 +70,8 @@ def test_a_generator_that_hangs_while_starting_is_restarted_after_the_startup_ti
 def test_the_job_survives_a_killed_generator_a_hung_one_and_a_killed_coordinator(
     tmp_path: pathlib.Path, run_dir: pathlib.Path
 ) -> None:
-    # Far enough apart that each fault is detected and recovered from before the next (a whole-job
-    # restart would cancel a stop still in progress): one generator decodes ~1 step/s here.
+    # The faults may overlap: training does not wait for a stopped generator, so step 25 can come
+    # before the stop at step 3 is detected, and step 45 before the killed generator is back.
     steps = 60
     job = _job(tmp_path, steps)
     faults = "stop:generator-1@step=3:60s,kill:generator-0@step=25,kill:trainer-0@step=45"
@@ -100,10 +100,13 @@ def test_the_job_survives_a_killed_generator_a_hung_one_and_a_killed_coordinator
         assert after[0] <= bound, (source, after[0], chaos["restarts"])
     # Three restarts, each charged to the budget. The generators were not restarted when the
     # trainer died: they reconnected to its successor.
-    assert [x["worker"] for x in chaos["restarts"]] == ["generator-1", "generator-0", "trainer-0"]
+    restarted = [x["worker"] for x in chaos["restarts"]]
+    assert sorted(restarted[:2]) == ["generator-0", "generator-1"] and restarted[2:] == ["trainer-0"]
     assert "restart 3/10" in out and "restart 4/10" not in out
-    for g in ("generator-0", "generator-1"):
-        assert "the coordinator is gone" in (run_dir / "logs" / f"{g}.log").read_text()
+    # A generator connected when rank 0 died saw it go and reconnected (one still starting after its
+    # own restart may only ever have met the successor).
+    logs = [(run_dir / "logs" / f"{g}.log").read_text() for g in ("generator-0", "generator-1")]
+    assert any("the coordinator is gone" in log and "reconnecting" in log for log in logs)
 
     # The final model's history: every step once (those after the trainer's last checkpoint
     # before it died were trained again), every prompt trained once or reported dropped.
