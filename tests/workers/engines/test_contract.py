@@ -20,6 +20,7 @@ loaded machine); every test leaves it empty and with the model's original weight
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
 from collections.abc import Iterator
@@ -122,8 +123,12 @@ def vllm_engine(model_dir: pathlib.Path) -> Iterator[base.GenerationEngine]:
         )
         yield eng
         eng.close()
-    leftover = {p.pid for p in psutil.Process().children(recursive=True)} - before
-    assert not leftover, f"vLLM left processes behind: {leftover}"
+    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    described = []
+    for p in leftover:
+        with contextlib.suppress(psutil.Error):  # it exited meanwhile: not left behind
+            described.append(f"{p.pid}: {' '.join(p.cmdline())[:200]}")
+    assert not described, f"vLLM left processes behind: {described}"
 
 
 CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,10 @@ class VllmEngine:
     """`GenerationEngine` over vLLM's `LLMEngine`; see the module docstring."""
 
     def __init__(self, options: base.EngineOptions) -> None:
+        # vLLM's usage statistics are on by default: a background thread that probes the CPU in a
+        # child process and posts to the internet, from every generator of every job. Off unless
+        # the user's environment asks for them.
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         from vllm import sampling_params
         from vllm.engine.arg_utils import EngineArgs
         from vllm.platforms import current_platform
