@@ -49,6 +49,8 @@ ANNOTATION_QUEUE_DEPTH: Final = "pipelinerl.io/queue-depth"
 ANNOTATION_UTILISATION: Final = "pipelinerl.io/utilisation"
 ANNOTATION_PROGRESS: Final = "pipelinerl.io/progress"
 """Trainer rank 0 only: the job's `records.Progress` as JSON."""
+ANNOTATION_RELEASED: Final = "pipelinerl.io/released"
+"""`plrl run` only: the worker stopped renewing on purpose (it is exiting), so silence is no hang."""
 
 # --------------------------------------------------------------------------- environment
 

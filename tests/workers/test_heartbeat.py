@@ -191,8 +191,12 @@ def test_plrl_run_processes_beat_into_the_run_directory(tmp_path: pathlib.Path) 
     path = tmp_path / records.HEARTBEAT_DIR / "generator-1.json"
     eventually(path.exists, what="the first renewal")
     lease = json.loads(path.read_text())
+    assert names.ANNOTATION_RELEASED not in lease["metadata"]["annotations"]
     beat.stop()
-    assert not path.exists()  # an exiting worker is not a hung one
+    # An exiting worker is neither a hung one nor one still starting: its last renewal says so.
+    released = json.loads(path.read_text())
+    assert released["metadata"]["annotations"][names.ANNOTATION_RELEASED] == "true"
+    assert released["spec"]["renewTime"] >= lease["spec"]["renewTime"]
     assert lease["spec"]["holderIdentity"] == "generator-1"
     assert lease["metadata"]["annotations"][names.ANNOTATION_WEIGHT_VERSION] == "4"
     renewed = datetime.datetime.fromisoformat(lease["spec"]["renewTime"])

@@ -238,24 +238,29 @@ class _Api:
 class _LocalFile:
     """`plrl run`'s stand-in for the API server: the Lease as JSON in a file, replaced atomically.
 
-    Closing removes the file: a worker that stopped renewing because it is exiting (releasing its
-    engine, leaving process groups: seconds on a loaded machine) must not read as hung."""
+    Closing marks the last renewal released (`names.ANNOTATION_RELEASED`): a worker that stopped
+    renewing because it is exiting (releasing its engine, leaving process groups: seconds on a
+    loaded machine) must read neither as hung nor, with no file at all, as still starting (which
+    `heartbeat.startupTimeoutSeconds` would restart)."""
 
     def __init__(self, directory: pathlib.Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self._dir = directory
-        self._written: pathlib.Path | None = None
+        self._last: dict[str, Any] | None = None
 
     def apply(self, body: dict[str, Any]) -> None:
         path = self._dir / f"{body['spec']['holderIdentity']}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(body))
         tmp.replace(path)
-        self._written = path
+        self._last = body
 
     def close(self) -> None:
-        if self._written is not None:
-            self._written.unlink(missing_ok=True)
+        if self._last is not None:
+            metadata = self._last.setdefault("metadata", {})
+            annotations = metadata.get("annotations") or {}
+            metadata["annotations"] = {**annotations, names.ANNOTATION_RELEASED: "true"}
+            self.apply(self._last)
 
 
 def _describe(err: Exception) -> str:

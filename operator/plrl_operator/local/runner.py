@@ -241,12 +241,24 @@ class Launch:
         return process_specs(self.pod_plan, self.configs(), self.token, self.run_dir, self.gpus)
 
 
-def _lease(run_dir: pathlib.Path, name: str) -> tuple[datetime.datetime, records.WorkerReport | None] | None:
+@dataclasses.dataclass(frozen=True)
+class LocalLease:
+    """A process's heartbeat file as last written."""
+
+    renewed: datetime.datetime
+    report: records.WorkerReport | None
+    released: bool
+    """It stopped renewing on purpose (exiting): its silence says nothing."""
+
+
+def _lease(run_dir: pathlib.Path, name: str) -> LocalLease | None:
     """When process `name` last renewed its heartbeat file, and what it reported then."""
     try:
         lease = json.loads((run_dir / records.HEARTBEAT_DIR / f"{name}.json").read_text())
         renewed = datetime.datetime.fromisoformat(str(lease["spec"]["renewTime"]))
-        return renewed, records.parse_annotations(lease["metadata"].get("annotations") or {})
+        annotations = lease["metadata"].get("annotations") or {}
+        released = annotations.get(names.ANNOTATION_RELEASED) == "true"
+        return LocalLease(renewed, records.parse_annotations(annotations), released)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # none yet, or being replaced this instant: the next look sees it
 
@@ -265,7 +277,8 @@ def observe(
     now = now or datetime.datetime.now(datetime.UTC)
     heartbeat, child = job.spec.heartbeat, names.Names(job.metadata.name)
     coordinator = _lease(run_dir, names.local_process(names.TRAINER, 0))
-    progress = coordinator[1].progress if coordinator is not None and coordinator[1] is not None else None
+    report = coordinator.report if coordinator is not None else None
+    progress = report.progress if report is not None else None
     slow = {s.generator: s for s in progress.slow_generators} if progress is not None else {}
     workers = []
     exited = sup.exited()
@@ -277,15 +290,16 @@ def observe(
         if code is None:
             started = datetime.datetime.fromtimestamp(r.started_wall, datetime.UTC)
             lease = _lease(run_dir, name)
-            renewed = lease[0] if lease is not None else None
+            renewed = lease.renewed if lease is not None else None
             beat = health.Beat(name, True, started, renewed)
             gen_id = child.pod(names.GENERATOR, int(r.spec.env.get(names.ENV_POD_INDEX, "0")))
-            silent = health.verdict(beat, now, heartbeat, digits=1)
+            exiting = lease is not None and lease.released and lease.renewed >= started
+            silent = None if exiting else health.verdict(beat, now, heartbeat, digits=1)
             if silent is not None:
                 failed = True
                 detail = silent
             elif r.spec.role == names.GENERATOR and gen_id in slow and coordinator is not None:
-                why = health.stays_slow(slow[gen_id], coordinator[0], started, job.spec.failure_policy)
+                why = health.stays_slow(slow[gen_id], coordinator.renewed, started, job.spec.failure_policy)
                 if why is not None:
                     failed, how, detail = True, "stayed slow", why
         workers.append(

@@ -48,19 +48,26 @@ def _job(tmp_path: pathlib.Path, steps: int, **spec: dict[str, object]) -> pathl
 def test_a_generator_that_hangs_while_starting_is_restarted_after_the_startup_timeout(
     tmp_path: pathlib.Path, run_dir: pathlib.Path
 ) -> None:
-    """Found by the chaos soak: a process stopped right after its restart, before its first
-    heartbeat (workers heartbeat once their engine is built), was never judged: STARTING had no
-    deadline. Killed at step 5 and restarted, generator-1 is stopped at step 7 while it starts."""
-    steps = 40
-    job = _job(tmp_path, steps, heartbeat={"startupTimeoutSeconds": 20})
-    faults = "kill:generator-1@step=5,stop:generator-1@step=7:300s"
-    r = plrl("run", str(job), "--run-dir", str(run_dir), "--chaos", faults, timeout=900)
+    """Found by the chaos soak: a process stopped before its first heartbeat (workers heartbeat once
+    their engine is built) was never judged: STARTING had no deadline. The job's only generator is
+    stopped one second in, so the job can finish only if the start-up deadline restarts it.
+    The deadline must exceed a real start here: three processes starting at once on 2 cores took
+    over 20 s to their first heartbeat (a deadline of 20 s restarted them in a loop)."""
+    steps = 10
+    job = write_job(
+        tmp_path / "job.yaml",
+        resources={"totalGPUs": 2},
+        pipeline={"maxLag": 8, "generators": 1},
+        training={"totalSteps": steps, "checkpoint": {"everySteps": 2}},
+        heartbeat={"intervalSeconds": INTERVAL_S, "timeoutSeconds": TIMEOUT_S, "startupTimeoutSeconds": 60},
+    )
+    r = plrl("run", str(job), "--run-dir", str(run_dir), "--chaos", "stop:generator-0@t=1s:600s", timeout=900)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert "generator generator-1 stopped responding: no heartbeat in the 2" in out, out
-    assert "(spec.heartbeat.startupTimeoutSeconds=20): hung while starting" in out, out
+    assert "generator generator-0 stopped responding: no heartbeat in the 6" in out, out
+    assert "(spec.heartbeat.startupTimeoutSeconds=60): hung while starting" in out, out
     chaos = json.loads((run_dir / runner.CHAOS_FILE).read_text())
-    assert [x["worker"] for x in chaos["restarts"]] == ["generator-1", "generator-1"], chaos["restarts"]
+    assert [x["worker"] for x in chaos["restarts"]] == ["generator-0"], chaos["restarts"]
     rows = records.read_step_records((run_dir / records.METRICS_FILE).read_text())
     assert [row.step for row in rows] == list(range(1, steps + 1))
     a = report.read_records(run_dir)[-1].prompts
