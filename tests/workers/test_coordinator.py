@@ -474,10 +474,15 @@ def test_a_slow_generator_s_newest_leases_migrate_to_its_peers() -> None:
         for lease in c.lease(gid, done).leases:
             assert c.submit(group_for(lease)).ok
     held = c.lease("c", 4).leases
+    control = c.attach_control("c")
     assert c.migrate_from_slow(threshold=0.2, window_s=30.0) == [
         protocol.Migration("c", 2, pytest.approx(2 / 30), pytest.approx(9.5 / 30))  # type: ignore[arg-type]
     ]
     newest = sorted(held, key=lambda x: int(x.lease_id.rsplit("-", 1)[1]))[2:]
+    # It is told to stop decoding them, on its control stream.
+    revoke = control.get_nowait()
+    assert isinstance(revoke, protocol.Revoke) and revoke.reason == "migrated to its peers"
+    assert sorted(revoke.lease_ids) == sorted(x.lease_id for x in newest)
     s = c.stats()
     assert (s.leases_migrated, s.accounting.requeued, s.accounting.leased) == (2, 2, 2)
     late = c.submit(group_for(newest[0]))

@@ -19,7 +19,9 @@ Cases:
   closes the control stream and the rollout stream;
 - a rollout refused by the coordinator (its lease expired while the generator decoded) is counted,
   not fatal: the generator goes on and the re-queued prompt comes back from a later lease;
-- asked to stop (SIGTERM) while backpressured, it stops without waiting for a stalled trainer.
+- asked to stop (SIGTERM) while backpressured, it stops without waiting for a stalled trainer;
+- leases migrated away from it as a slow generator (a Revoke on the control stream) stop decoding
+  there at once: their slots go to new leases and no result for them is sent to be refused.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from plrl_workers.engines import base as engines
 from plrl_workers.rpc import client, server
 from plrl_workers.weight_sync import groups, snapshot
 from tests.polling import eventually
+from tests.workers.test_coordinator import group_for
 
 TOKEN = "job-token"
 GEN = "gen-0"
@@ -123,6 +126,9 @@ class FakeEngine:
 
     def num_in_flight(self) -> int:
         return len(self._live)
+
+    def live(self) -> set[str]:
+        return set(self._live)
 
     def abort(self, request_id: str) -> None:
         self._live.pop(request_id, None)
@@ -532,3 +538,32 @@ def test_an_announcement_older_than_the_loaded_weights_is_not_joined(start: Star
     rig.train_until(4, what="groups decoded after the announcement")  # it went on decoding
     assert "join" not in rig.engine.sync and rig.engine.weight_version == 6
     assert rig.thread.is_alive() and not rig.errors
+
+
+def test_leases_migrated_away_from_a_slow_generator_stop_decoding_there(start: Start) -> None:
+    """Seed 3.3.1, the slow generator's side: told which leases its peers took over, it drops them
+    at once and fills their slots, instead of decoding them to the end to have the results refused."""
+    clock = Clock()
+    engine = FakeEngine()
+    engine.allow(0)  # stalled: a generator completing nothing, with its slots full
+    rig = start(1000, engine=engine, clock=clock)
+    held = rig.capacity // G
+    eventually(lambda: rig.stats().accounting.leased == held, what="its slots full")
+    for peer in ("a", "b"):
+        rig.coord.register(peer)
+    clock.t += 30  # everyone registered long enough ago to be judged
+    for peer in ("a", "b"):
+        for lease in rig.coord.lease(peer, 3).leases:
+            assert rig.coord.submit(group_for(lease)).ok
+    before = {r.rpartition("#")[0] for r in engine.live()}
+    (moved,) = rig.coord.migrate_from_slow(threshold=0.2, window_s=30.0)
+    assert (moved.generator_id, moved.prompts) == (GEN, held // 2)
+    eventually(lambda: rig.gen.revoked == held // 2, what="the Revoke to reach the generator")
+    kept = before & {r.rpartition("#")[0] for r in engine.live()}
+    assert len(kept) == held - held // 2  # the older half keeps decoding there
+    eventually(lambda: engine.num_in_flight() == rig.capacity, what="the freed slots refilled")
+    engine.allow(None)
+    rig.train_until(held + 2, what="its rollouts, kept and new")
+    assert rig.gen.refused == 0 and "FAILED_PRECONDITION" not in rig.stats().refused
+    a = rig.stats().accounting
+    assert a.balanced, a

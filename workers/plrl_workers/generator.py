@@ -120,6 +120,7 @@ class Generator:
         self.reconnects = 0
         self._in_weight_group = False
         self.refused = 0
+        self.revoked = 0  # leases the coordinator took back while this generator decoded them
 
     # -------------------------------------------------------------- control
 
@@ -176,6 +177,20 @@ class Generator:
                 self._receive(event)
             elif isinstance(event, protocol.PullWeights):
                 self._pull(event.version)
+            elif isinstance(event, protocol.Revoke):
+                self._revoke(event)
+
+    def _revoke(self, event: protocol.Revoke) -> None:
+        """Stop decoding leases the coordinator took back: their results would be refused, and the
+        slots they hold are better spent on the leases this generator kept."""
+        revoked = [lease_id for lease_id in event.lease_ids if lease_id in self._groups]
+        for lease_id in revoked:
+            for j in range(self.g):
+                self.engine.abort(f"{lease_id}#{j}")  # finished samples are ignored by the engine
+            del self._groups[lease_id]
+        self.revoked += len(revoked)
+        if revoked:
+            log.info("stopped decoding %d lease(s): %s", len(revoked), event.reason)
 
     def _stop_was_sent(self, wait_s: float) -> bool:
         """Whether the control stream says Stop within `wait_s` (other events are dropped: the

@@ -216,7 +216,16 @@ class Stop:
     reason: str
 
 
-ControlEvent = WeightUpdate | PullWeights | Stop
+@dataclasses.dataclass(frozen=True)
+class Revoke:
+    """These leases were taken back (migrated to peers): stop decoding them. Their results would be
+    refused anyway; this only frees the slots they hold."""
+
+    lease_ids: tuple[str, ...]
+    reason: str
+
+
+ControlEvent = WeightUpdate | PullWeights | Stop | Revoke
 
 # --------------------------------------------------------------------------- weight-sync metadata
 

@@ -23,9 +23,10 @@ declared dead at once: its leases go back to the queue without waiting for `leas
 Slow generators (seed 3.3.1): `migrate_from_slow` compares the generators' completion rates (groups
 accepted over a recent window) with `plrl_api.peers.slow`, and moves the newest half of a slow one's
 leases back to the front of the queue, where its peers lease them next; the slow one's late results
-for those prompts are refused like any re-queued lease's ("lease migrated"). `slow_generators` says
-which are slow now and for how long without a break (trainer rank 0 reports it in its Lease; the
-controllers replace one that stays slow, `plrl_operator.policy.health.stays_slow`).
+for those prompts are refused like any re-queued lease's ("lease migrated"), and a Revoke on its
+control stream tells it to stop decoding them (their slots go to new leases). `slow_generators`
+says which are slow now and for how long without a break (trainer rank 0 reports it in its Lease;
+the controllers replace one that stays slow, `plrl_operator.policy.health.stays_slow`).
 
 Backpressure: the rollout buffer holds `buffer_groups` groups. `submit` blocks up to `submit_wait_s`
 for space (while it blocks the gRPC stream is not read, so HTTP/2 flow control stalls the generator);
@@ -342,6 +343,8 @@ class Coordinator:
                 self._migrated_at[gid] = now
                 median = self._slow[gid][2]
                 out.append(protocol.Migration(gid, len(moved), rates[gid], median))
+                # Queued, not sent under the lock: the channel is read by the generator's stream.
+                self._control.send(gid, protocol.Revoke(tuple(moved), "migrated to its peers"))
                 log.warning(
                     "generator %s is slow (%.2f groups/s, peers' median %.2f): %d of its leases "
                     "migrated to its peers",

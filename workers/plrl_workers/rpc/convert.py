@@ -170,6 +170,8 @@ def control_to_pb(e: protocol.ControlEvent) -> Message:
         )
     if isinstance(e, protocol.PullWeights):
         return pb.ControlMessage(pull=pb.PullHint(version=e.version))
+    if isinstance(e, protocol.Revoke):
+        return pb.ControlMessage(revoke=pb.Revoke(lease_ids=list(e.lease_ids), reason=e.reason))
     return pb.ControlMessage(stop=pb.StopRequest(reason=e.reason))
 
 
@@ -188,6 +190,8 @@ def control_from_pb(m: Message) -> protocol.ControlEvent:
         return protocol.PullWeights(version=m.pull.version)
     if kind == "stop":
         return protocol.Stop(reason=m.stop.reason)
+    if kind == "revoke":
+        return protocol.Revoke(lease_ids=tuple(m.revoke.lease_ids), reason=m.revoke.reason)
     raise ValueError(f"control message without a known event (got {kind!r})")
 
 

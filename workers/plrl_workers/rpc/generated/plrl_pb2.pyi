@@ -184,15 +184,25 @@ class StopRequest(_message.Message):
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
+class Revoke(_message.Message):
+    __slots__ = ("lease_ids", "reason")
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, lease_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class ControlMessage(_message.Message):
-    __slots__ = ("weight_update", "pull", "stop")
+    __slots__ = ("weight_update", "pull", "stop", "revoke")
     WEIGHT_UPDATE_FIELD_NUMBER: _ClassVar[int]
     PULL_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_FIELD_NUMBER: _ClassVar[int]
     weight_update: WeightUpdate
     pull: PullHint
     stop: StopRequest
-    def __init__(self, weight_update: _Optional[_Union[WeightUpdate, _Mapping]] = ..., pull: _Optional[_Union[PullHint, _Mapping]] = ..., stop: _Optional[_Union[StopRequest, _Mapping]] = ...) -> None: ...
+    revoke: Revoke
+    def __init__(self, weight_update: _Optional[_Union[WeightUpdate, _Mapping]] = ..., pull: _Optional[_Union[PullHint, _Mapping]] = ..., stop: _Optional[_Union[StopRequest, _Mapping]] = ..., revoke: _Optional[_Union[Revoke, _Mapping]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("generator_id", "min_version")
