@@ -216,3 +216,4 @@ def test_outside_a_cluster_nothing_starts(caplog: pytest.LogCaptureFixture) -> N
             is None
         )
     assert "no heartbeat for demo-demo-train-0" in caplog.text and "KUBECONFIG is unset" in caplog.text
+    assert "take this worker for hung after heartbeat.startupTimeoutSeconds=900" in caplog.text

@@ -367,8 +367,16 @@ def start(
         return Heartbeat(tgt, report, _LocalFile(pathlib.Path(tgt.local_dir))).start()
     try:
         api = _Api.from_env(env, sa_dir)
-    except Exception as err:  # e.g. automountServiceAccountToken: false; training goes on unobserved
-        log.warning("no heartbeat for %s: cannot reach the API server (%s)", tgt.name, _describe(err))
+    except Exception as err:  # e.g. automountServiceAccountToken: false
+        # Training goes on, but the operator sees a worker that never heartbeats: it restarts it
+        # after the start-up deadline, and cannot tell when a job it cannot see has finished.
+        log.warning(
+            "no heartbeat for %s: cannot reach the API server (%s); the operator will take this "
+            "worker for hung after heartbeat.startupTimeoutSeconds=%g",
+            tgt.name,
+            _describe(err),
+            cfg.spec.heartbeat.startup_deadline_seconds,
+        )
         return None
     log.info("renewing Lease %s/%s every %.1f s", tgt.namespace, tgt.name, tgt.interval_s)
     return Heartbeat(tgt, report, api).start()
