@@ -60,17 +60,39 @@ class ControlStream:
         self._call.cancel()
 
 
-class CoordinatorClient:
-    """Connects lazily; safe to share between threads (gRPC channels are)."""
+# gRPC retries a refused connection after 1 s, then 1.6x longer each time up to 120 s: after a
+# 20 s outage of trainer rank 0 its next try came up to ~10 s after the new rank 0 listened, and
+# training waited for it (`bench/reconnect_after_outage.py`). A refused connect to a restarting
+# coordinator costs nothing, so retry often.
+INITIAL_RECONNECT_BACKOFF_S = 0.1
+MAX_RECONNECT_BACKOFF_S = 1.0
 
-    def __init__(self, target: str, token: str, *, timeout_s: float = 30.0) -> None:
-        self._channel = grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", protocol.MAX_MESSAGE_BYTES),
-            ],
-        )
+
+class CoordinatorClient:
+    """Connects lazily; safe to share between threads (gRPC channels are).
+
+    `max_reconnect_backoff_s`: the longest wait between connection attempts while the coordinator
+    is unreachable (None: gRPC's defaults, for comparison)."""
+
+    def __init__(
+        self,
+        target: str,
+        token: str,
+        *,
+        timeout_s: float = 30.0,
+        max_reconnect_backoff_s: float | None = MAX_RECONNECT_BACKOFF_S,
+    ) -> None:
+        options: list[tuple[str, int]] = [
+            ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", protocol.MAX_MESSAGE_BYTES),
+        ]
+        if max_reconnect_backoff_s is not None:
+            initial = min(INITIAL_RECONNECT_BACKOFF_S, max_reconnect_backoff_s)
+            options += [
+                ("grpc.initial_reconnect_backoff_ms", int(initial * 1000)),
+                ("grpc.max_reconnect_backoff_ms", int(max_reconnect_backoff_s * 1000)),
+            ]
+        self._channel = grpc.insecure_channel(target, options=options)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
         self._md = auth.metadata(token)
         self._timeout_s = timeout_s
