@@ -198,6 +198,50 @@ def test_malformed_group_is_refused_and_the_lease_stays_usable(
     assert_balanced(c)
 
 
+@pytest.mark.parametrize(
+    ("field", "at_limit", "past_it"),
+    [
+        ("token_id", 99, 100),  # vocab_size 100: ids 0..99
+        ("version", 2, 3),  # the trainer is at version 2
+        ("length", 3, 4),  # maxNewTokens 3
+        ("reward", 10.0, 10.5),
+        ("reward", -10.0, -1e200),  # 1e200 used to overflow the trainer's advantage step
+    ],
+)
+def test_each_limit_admits_its_edge_and_refuses_one_past(field: str, at_limit: float, past_it: float) -> None:
+    """Probed at the limits, not far from them: the edge value passes, the next one is refused and
+    named, and a refused group never reaches the trainer."""
+
+    def submit(value: float) -> protocol.SubmitResult:
+        (lease,) = c.lease("a", 1).leases
+        g = group_for(lease)
+        s = g.samples[0]
+        if field == "token_id":
+            s.token_ids[0] = int(value)
+        elif field == "version":
+            s.versions[:] = [0, 0, int(value)]
+        elif field == "length":
+            g.samples[0] = sample(n=int(value))
+        else:
+            s.reward = value
+        return c.submit(g)
+
+    c = make(n=4, vocab_size=100, max_new_tokens=3, max_abs_reward=10.0)
+    c.finish_step(2)
+    assert submit(at_limit).ok
+    refused = submit(past_it)
+    expected = protocol.Code.FAILED_PRECONDITION if field == "version" else protocol.Code.INVALID_ARGUMENT
+    assert refused.code is expected, refused
+    words = {
+        "token_id": "token ids outside [0, 100)",
+        "version": "newer than the trainer's 2",
+        "length": "generation.maxNewTokens=3",
+        "reward": "outside [-10, 10]",
+    }
+    assert words[field] in refused.message, refused.message
+    assert len(c.take(4, timeout_s=0.1)) == 1  # only the group at the limit
+
+
 def test_full_buffer_blocks_a_submit_until_the_trainer_takes() -> None:
     c = make(n=3, buffer_groups=1, submit_wait_s=10.0)
     leases = c.lease("a", 2).leases

@@ -99,6 +99,15 @@ class BatchStats:
 _TYPED_METRICS = frozenset({"loss", "ess", "input_tokens", "version"})
 
 
+def _trainable_vocab(tokenizer_size: int, model_dir: str) -> int:
+    """Token ids a rollout may hold: those the tokenizer and the model's embedding both have (an id
+    past the embedding would end the job in the trainer's forward pass)."""
+    import transformers
+
+    model_size = getattr(transformers.AutoConfig.from_pretrained(model_dir), "vocab_size", None)
+    return min(tokenizer_size, model_size) if isinstance(model_size, int) else tokenizer_size
+
+
 class Coordination:
     """Rank 0's side jobs: the coordinator and its gRPC server, weight broadcast, metrics log."""
 
@@ -127,7 +136,8 @@ class Coordination:
                 # far ahead (every buffered group ages while it waits).
                 buffer_groups=max(2, 2 * spec.training.batch_size // g),
                 lease_timeout_s=max(60.0, spec.heartbeat.timeout_seconds * 4),
-                vocab_size=len(tokenizer),
+                vocab_size=_trainable_vocab(len(tokenizer), cfg.paths.model_dir),
+                max_new_tokens=spec.generation.max_new_tokens,
                 prompt_budget=prompt_budget,
             ),
             state=state,

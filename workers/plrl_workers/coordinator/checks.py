@@ -17,6 +17,9 @@ import numpy
 from plrl_workers import protocol
 
 FINISH_REASONS = frozenset({"stop", "length"})
+# Far beyond any task's reward scale, far below where squaring it (the group's variance) overflows a
+# float64 (~1e154); a reward of 1e200 used to end the whole job in the trainer's advantage step.
+MAX_ABS_REWARD = 1e6
 
 
 def check_group(
@@ -26,8 +29,12 @@ def check_group(
     samples_per_prompt: int,
     current_version: int,
     vocab_size: int | None = None,
+    max_new_tokens: int | None = None,
+    max_abs_reward: float = MAX_ABS_REWARD,
 ) -> tuple[protocol.Code, str] | None:
-    """None if `group` is a valid answer to the lease of `prompt`; else (code, reason)."""
+    """None if `group` is a valid answer to the lease of `prompt`; else (code, reason). The limits
+    are inclusive: a sample of exactly `max_new_tokens` tokens, a reward of exactly
+    +-`max_abs_reward`, a token id of `vocab_size - 1` and a version equal to `current_version` pass."""
     if group.prompt_id != prompt.prompt_id:
         return (
             protocol.Code.INVALID_ARGUMENT,
@@ -38,20 +45,38 @@ def check_group(
     if len(group.samples) != samples_per_prompt:
         return protocol.Code.INVALID_ARGUMENT, f"{len(group.samples)} samples, expected {samples_per_prompt}"
     for i, s in enumerate(group.samples):
-        problem = _check_scalars(s.reward, s.finish_reason) or _check_tokens(s, current_version, vocab_size)
+        problem = (
+            _check_scalars(s.reward, s.finish_reason, max_abs_reward)
+            or _check_length(len(s.token_ids), max_new_tokens)
+            or _check_tokens(s, current_version, vocab_size)
+        )
         if problem is not None:
             code, reason = problem
             return code, f"sample {i}: {reason}"
     return None
 
 
-def _check_scalars(reward: float, finish_reason: str) -> tuple[protocol.Code, str] | None:
+def _check_scalars(
+    reward: float, finish_reason: str, max_abs_reward: float
+) -> tuple[protocol.Code, str] | None:
     if not math.isfinite(reward):
         return protocol.Code.INVALID_ARGUMENT, f"reward {reward} is not finite"
+    if abs(reward) > max_abs_reward:
+        bound = f"[-{max_abs_reward:g}, {max_abs_reward:g}]"
+        return protocol.Code.INVALID_ARGUMENT, f"reward {reward:g} is outside {bound}"
     if finish_reason not in FINISH_REASONS:
         return (
             protocol.Code.INVALID_ARGUMENT,
             f"finish_reason {finish_reason!r} not in {sorted(FINISH_REASONS)}",
+        )
+    return None
+
+
+def _check_length(n: int, max_new_tokens: int | None) -> tuple[protocol.Code, str] | None:
+    if max_new_tokens is not None and n > max_new_tokens:
+        return (
+            protocol.Code.INVALID_ARGUMENT,
+            f"{n} tokens, more than the job's generation.maxNewTokens={max_new_tokens}",
         )
     return None
 

@@ -86,6 +86,11 @@ class Config:
     """How long a submit waits for buffer space before it is refused with RESOURCE_EXHAUSTED."""
     vocab_size: int | None = None
     """If set, token ids must lie in [0, vocab_size)."""
+    max_new_tokens: int | None = None
+    """If set, a sample holds at most this many tokens (the job's generation.maxNewTokens): a longer
+    one cannot come from the job's sampling settings and would not fit the trainer's packing."""
+    max_abs_reward: float = checks.MAX_ABS_REWARD
+    """Rewards beyond +-this are refused: the advantage's variance of larger ones overflows."""
     prompt_budget: int | None = None
     """Groups the job's optimizer steps take in all (total steps x B/G). New prompts are issued only
     while trained + dropped within a step + outstanding < budget, so a finished run leaves no prompt
@@ -387,6 +392,8 @@ class Coordinator:
                 samples_per_prompt=self.config.samples_per_prompt,
                 current_version=version,
                 vocab_size=self.config.vocab_size,
+                max_new_tokens=self.config.max_new_tokens,
+                max_abs_reward=self.config.max_abs_reward,
             )
         if refusal is not None:
             return self.refuse(group.lease_id, group.generator_id, *refusal)
