@@ -242,6 +242,31 @@ def test_each_limit_admits_its_edge_and_refuses_one_past(field: str, at_limit: f
     assert len(c.take(4, timeout_s=0.1)) == 1  # only the group at the limit
 
 
+def test_a_registration_flood_neither_grows_the_registry_nor_displaces_working_generators() -> None:
+    """Found by a probe: 20,000 Register calls with 1 KB ids were all kept. Ids are bounded, and
+    past `max_generators` a new id displaces only a registration that never started."""
+    c = make(n=10, max_generators=3)  # a and b registered by `make`
+    for bad in ("x" * 254, "gen\n0", ""):
+        with pytest.raises(protocol.Refused, match="1-253 printable characters"):
+            c.register(bad)
+    assert c.lease("a", 1).leases  # a works (holds a lease)
+    c.attach_control("b")  # b has its control stream
+    for i in range(20_000):
+        c.register(f"flood-{i}-" + "y" * 200)  # each displaces the previous one, never a or b
+    assert c.stats().generators == 3
+    with pytest.raises(protocol.Refused, match="not registered"):
+        c.lease("flood-0-" + "y" * 200, 1)  # displaced: it can lease nothing
+    c.register("c")  # displaces the last of the flood
+    assert c.lease("c", 1).leases
+    with pytest.raises(protocol.Refused) as full:  # all three work: nobody is displaced
+        c.register("one-too-many")
+    assert full.value.code is protocol.Code.RESOURCE_EXHAUSTED and "max_generators=3" in str(full.value)
+    c.generator_dead("a")  # a dead generator is forgotten: its place is free again
+    c.register("one-too-many")
+    assert c.stats().generators == 3
+    assert_balanced(c)
+
+
 def test_full_buffer_blocks_a_submit_until_the_trainer_takes() -> None:
     c = make(n=3, buffer_groups=1, submit_wait_s=10.0)
     leases = c.lease("a", 2).leases

@@ -138,6 +138,8 @@ class Coordination:
                 lease_timeout_s=max(60.0, spec.heartbeat.timeout_seconds * 4),
                 vocab_size=_trainable_vocab(len(tokenizer), cfg.paths.model_dir),
                 max_new_tokens=spec.generation.max_new_tokens,
+                # No generator has less than one accelerator: more ids are not this job's.
+                max_generators=spec.resources.total_gpus,
                 prompt_budget=prompt_budget,
             ),
             state=state,

@@ -60,6 +60,7 @@ import dataclasses
 import heapq
 import itertools
 import logging
+import math
 import statistics
 import threading
 import time
@@ -72,6 +73,8 @@ from plrl_workers.coordinator import checks, control
 from plrl_workers.coordinator import state as restart
 
 log = logging.getLogger(__name__)
+
+MAX_GENERATOR_ID_CHARS = 253  # a DNS subdomain's limit: every pod name fits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +94,9 @@ class Config:
     one cannot come from the job's sampling settings and would not fit the trainer's packing."""
     max_abs_reward: float = checks.MAX_ABS_REWARD
     """Rewards beyond +-this are refused: the advantage's variance of larger ones overflows."""
+    max_generators: int = 1024
+    """Registrations kept at most. A new id past it displaces the oldest registration that holds no
+    lease and has no control stream (registered, never started); with none such it is refused."""
     prompt_budget: int | None = None
     """Groups the job's optimizer steps take in all (total steps x B/G). New prompts are issued only
     while trained + dropped within a step + outstanding < budget, so a finished run leaves no prompt
@@ -151,7 +157,7 @@ class Coordinator:
         self._slow: dict[str, tuple[float, float, float]] = {}
         self._registrations = itertools.count(1)
         self._control = control.ControlHub()
-        self._expired = self._revoked = 0
+        self._expired = self._revoked = self._displaced = 0
         self._refused: collections.Counter[str] = collections.Counter()
         if state is not None:
             self._restore(restart.CoordinatorState.model_validate(state), skip_source)
@@ -161,9 +167,14 @@ class Coordinator:
     def register(self, generator_id: str) -> protocol.Registration:
         """Admit a generator under a new incarnation; a known id is a replaced process: its old leases
         are re-queued and its old incarnation is refused from now on."""
-        if not generator_id:
-            raise protocol.Refused(protocol.Code.INVALID_ARGUMENT, "generator_id must not be empty")
+        if not 0 < len(generator_id) <= MAX_GENERATOR_ID_CHARS or not generator_id.isprintable():
+            raise protocol.Refused(
+                protocol.Code.INVALID_ARGUMENT,
+                f"generator_id must be 1-{MAX_GENERATOR_ID_CHARS} printable characters",
+            )
         with self._cond:
+            if generator_id not in self._generators and len(self._generators) >= self.config.max_generators:
+                self._make_room_locked()
             if generator_id in self._generators:
                 self._revoke_locked(generator_id, "re-registered (replaced)")
                 self._control.close(generator_id)  # the old process's stream, if still open
@@ -207,10 +218,42 @@ class Coordinator:
                 return  # a newer registration replaced it already
             if generator_id in self._generators:
                 self._revoke_locked(generator_id, reason)
-                del self._generators[generator_id]
-            self._incarnations.pop(generator_id, None)
-            self._slow.pop(generator_id, None)
+            self._forget_locked(generator_id)
         self._control.close(generator_id)
+
+    def _forget_locked(self, generator_id: str) -> None:
+        """Drop everything kept per generator id (its leases must be re-queued already)."""
+        for per_id in (
+            self._generators,
+            self._incarnations,
+            self._registered_at,
+            self._accepted_at,
+            self._migrated_at,
+            self._migrated_from,
+            self._slow,
+        ):
+            per_id.pop(generator_id, None)
+
+    def _make_room_locked(self) -> None:
+        """Forget the oldest registration that never started (no lease, no control stream), or refuse
+        the new one: a flood of registrations must not grow the registry without bound."""
+        streaming = set(self._control.members())
+        idle = [g for g, leases in self._generators.items() if not leases and g not in streaming]
+        if not idle:
+            raise protocol.Refused(
+                protocol.Code.RESOURCE_EXHAUSTED,
+                f"{len(self._generators)} generators are registered and working, the most this "
+                f"coordinator admits (max_generators={self.config.max_generators})",
+            )
+        oldest = min(idle, key=lambda g: self._registered_at.get(g, 0.0))
+        self._displaced += 1
+        if math.log10(self._displaced).is_integer():  # 1st, 10th, 100th...: a flood logs a few lines
+            log.warning(
+                "forgot generator %.80s (registered, never started) to admit a new one (%d so far)",
+                oldest,
+                self._displaced,
+            )
+        self._forget_locked(oldest)
 
     def _revoke_locked(self, generator_id: str, reason: str) -> None:
         lease_ids = self._generators.get(generator_id, set())
