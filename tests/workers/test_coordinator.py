@@ -300,6 +300,27 @@ def test_full_buffer_refuses_after_the_wait_and_the_group_can_be_sent_again() ->
     assert_balanced(c)
 
 
+def test_the_buffer_is_bounded_in_bytes_as_well_as_groups() -> None:
+    """Found by a probe: five accepted 96 MB groups took a coordinator from 627 to 1,473 MB, the
+    group count allowing ~8 GB. Past `buffer_bytes` a submit waits like one into a full buffer."""
+    size = group_for(make(n=1).lease("a", 1).leases[0]).nbytes
+    c = make(n=4, buffer_groups=100, buffer_bytes=2 * size, submit_wait_s=0.05)
+    leases = c.lease("a", 4).leases
+    assert c.submit(group_for(leases[0])).ok and c.submit(group_for(leases[1])).ok
+    refused = c.submit(group_for(leases[2]))  # 3 groups' bytes > 2 groups' worth
+    assert refused.code is protocol.Code.RESOURCE_EXHAUSTED, refused
+    assert len(c.take(1, timeout_s=0.1)) == 1  # taking one frees its bytes
+    assert c.submit(group_for(leases[2])).ok
+    # One group larger than the whole bound still gets in, once the buffer is empty.
+    tiny = make(n=2, buffer_bytes=1, submit_wait_s=0.05)
+    first, second = tiny.lease("a", 2).leases
+    assert tiny.submit(group_for(first)).ok
+    assert tiny.submit(group_for(second)).code is protocol.Code.RESOURCE_EXHAUSTED
+    tiny.take(1, timeout_s=0.1)
+    assert tiny.submit(group_for(second)).ok
+    assert_balanced(c)
+
+
 def test_two_racing_submits_of_one_lease_accept_it_once() -> None:
     c = make(n=3, buffer_groups=1, submit_wait_s=10.0)
     first, second = c.lease("a", 2).leases

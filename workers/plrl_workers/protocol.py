@@ -101,6 +101,12 @@ class RolloutGroup:
         return sum(len(self.prompt_token_ids) + len(s.token_ids) for s in self.samples)
 
     @property
+    def nbytes(self) -> int:
+        """Its token data as on the wire: what it costs the rollout buffer."""
+        per_sample = sum(s.token_ids.nbytes + s.logprobs.nbytes + s.versions.nbytes for s in self.samples)
+        return 4 * len(self.prompt_token_ids) + per_sample
+
+    @property
     def oldest_version(self) -> int:
         return min((int(s.versions.min()) for s in self.samples if len(s.versions)), default=0)
 

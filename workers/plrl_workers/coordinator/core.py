@@ -83,6 +83,9 @@ class Config:
     """G: samples every rollout group must hold."""
     buffer_groups: int = 64
     """Capacity of the rollout buffer, in groups; full means submits wait (backpressure)."""
+    buffer_bytes: int = 1 << 30
+    """...and in bytes of token data (`RolloutGroup.nbytes`), so a few huge groups cannot exhaust
+    memory below the group count. A group larger than this alone still enters an empty buffer."""
     lease_timeout_s: float = 600.0
     """A lease not returned within this many seconds (renewed by every submit attempt) is re-queued."""
     submit_wait_s: float = 10.0
@@ -145,6 +148,7 @@ class Coordinator:
         self._deadlines: list[tuple[float, str]] = []  # heap; stale entries skipped
         self._closed: collections.OrderedDict[str, str] = collections.OrderedDict()  # lease id -> outcome
         self._buffer: collections.deque[protocol.RolloutGroup] = collections.deque()
+        self._buffer_bytes = 0
         self._in_training: list[protocol.RolloutGroup] = []
         self._generators: dict[str, set[str]] = {}  # generator id -> its lease ids
         self._incarnations: dict[str, str] = {}  # generator id -> its current registration's token
@@ -442,10 +446,11 @@ class Coordinator:
             return self.refuse(group.lease_id, group.generator_id, *refusal)
         assert lease is not None
         end = time.monotonic() + self.config.submit_wait_s
+        size = group.nbytes
         with self._cond:
             self._renew_locked(lease)
             while (
-                len(self._buffer) >= self.config.buffer_groups
+                self._buffer_full_locked(size)
                 and not self._stopping
                 and self._leases.get(group.lease_id) is lease  # else settled below
             ):
@@ -475,8 +480,14 @@ class Coordinator:
             self._remember_locked(lease.lease_id, "accepted")
             self._accepted_at.setdefault(lease.generator_id, collections.deque()).append(self._clock())
             self._buffer.append(group)
+            self._buffer_bytes += size
             self._cond.notify_all()
         return protocol.SubmitResult(group.lease_id, protocol.Code.OK)
+
+    def _buffer_full_locked(self, incoming_bytes: int) -> bool:
+        if len(self._buffer) >= self.config.buffer_groups:
+            return True
+        return bool(self._buffer) and self._buffer_bytes + incoming_bytes > self.config.buffer_bytes
 
     def _lease_refusal_locked(
         self, group: protocol.RolloutGroup, lease: protocol.Lease | None
@@ -527,6 +538,7 @@ class Coordinator:
             while len(out) < n_groups:
                 while self._buffer and len(out) < n_groups:
                     group = self._buffer.popleft()
+                    self._buffer_bytes -= group.nbytes
                     self._in_training.append(group)
                     out.append(group)
                 self._cond.notify_all()
