@@ -395,7 +395,7 @@ class Coordinator:
                 self._migrated_at[gid] = now
                 median = self._slow[gid][2]
                 out.append(protocol.Migration(gid, len(moved), rates[gid], median))
-                # Queued, not sent under the lock: the channel is read by the generator's stream.
+                # Only queued (never blocks), so safe under the lock; its Control stream sends it.
                 self._control.send(gid, protocol.Revoke(tuple(moved), "migrated to its peers"))
                 log.warning(
                     "generator %s is slow (%.2f groups/s, peers' median %.2f): %d of its leases "
