@@ -446,7 +446,8 @@ class TrainingSpec(_Model):
 
 
 class AutoscaleSpec(_Model):
-    """Changing I (generator accelerators) as measured rates drift (seed tuning rules)."""
+    """Changing I (generator accelerators) as measured capacities drift: the seed's band, arbitrated by
+    the planner (a move goes toward the throughput optimum for the measured rates; README)."""
 
     enabled: bool = Field(default=False, description="Let the operator change I while the job runs.")
     every_steps: Int = Field(
@@ -456,19 +457,19 @@ class AutoscaleSpec(_Model):
         default=0.9,
         gt=0.0,
         le=1.0,
-        description="r_pipeline/r_gen below this: trainers are the bottleneck, remove generators.",
+        description="r_pipeline/r_gen below this: trainers are the bottleneck (the seed's band).",
     )
     upper_ratio: float = Field(
         default=0.95,
         gt=0.0,
         le=1.0,
-        description="r_pipeline/r_gen above this: generators are the bottleneck, add generators.",
+        description="r_pipeline/r_gen above this: generation's surplus is too thin (the seed's band).",
     )
     step_down: Int = Field(
-        default=5, ge=1, le=65_536, description="Accelerators removed from generation per decision."
+        default=5, ge=1, le=65_536, description="Most accelerators removed from generation per decision."
     )
     step_up: Int = Field(
-        default=2, ge=1, le=65_536, description="Accelerators added to generation per decision."
+        default=2, ge=1, le=65_536, description="Most accelerators added to generation per decision."
     )
     min_generators: Int = Field(
         default=1, ge=1, le=65_536, description="Never fewer generator accelerators than this."

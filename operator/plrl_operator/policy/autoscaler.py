@@ -1,19 +1,25 @@
-"""When to change I (generator accelerators) while a job runs: the seed's tuning rule, made safe.
+"""When to change I (generator accelerators) while a job runs: the seed's rule, arbitrated by the planner.
 
-Every `everySteps` optimizer steps the autoscaler looks at ratio = r_pipeline / r_gen from the
-measured generator and trainer capacities. Below `lowerRatio` the trainers are the bottleneck
-and I drops by `stepDown`; above `upperRatio` the generators are and I grows by `stepUp`; in
-between (a 5-10% generation surplus that keeps the trainers fed) it holds. Around that rule:
+Every `everySteps` optimizer steps the autoscaler averages the measured generator and trainer
+*capacities* (tokens per busy second) and reads them twice:
+
+- the seed's band: ratio = r_pipeline / r_gen below `lowerRatio` says the trainers are the
+  bottleneck (remove `stepDown`), above `upperRatio` that generation's surplus is too thin (add
+  `stepUp`), in between hold;
+- the planner's optimum for those capacities: the allowed I with the most throughput
+  min(I * per-generator rate, (N - I) * per-trainer rate).
+
+The move follows the planner: one bounded step toward the optimum (at most stepUp/stepDown GPUs,
+or one whole pod, never past it) when the optimum gains at least `min_gain`; where the band says
+otherwise (it keeps generation 5-10% ahead, which costs throughput when the rates are capacities)
+the reason says so. Around that:
 
 - hard limits: whole generator and trainer pods, min/max generators and the model's g_max
   limit (`planner.lag_cap`) are never crossed; a current I outside them is moved inside at once;
 - cool-down: no change within `cooldownSteps` of the last one, and only samples taken after it
   (at the current I) count; the longer I stays put, the more of them the estimate averages;
-- no overshoot: per-accelerator rates predict the ratio after a move, and the step is shortened
-  so that it lands inside the band by `reversal_margin`; when even one pod would jump across,
-  it moves only if the predicted throughput gains at least `min_gain`;
-- hysteresis: reversing the previous direction needs the ratio `reversal_margin` further out,
-  at two looks in a row.
+- hysteresis: reversing the previous direction needs `reversal_margin` more gain, at two looks
+  in a row.
 
 `decide` is a pure function of (policy, state, observation); the operator keeps the returned
 state in the job's status and turns changed decisions into Events, the local runner into
@@ -56,6 +62,7 @@ class Policy:
     lengths: planner.Lengths = _ONE_TOKEN
     max_lag: int | None = None
     reversal_margin: float = 0.02
+    """Extra gain a move needs when it reverses the previous one."""
     min_gain: float = 0.01
     window_looks: int = 5
     """The rate estimate averages up to this many looks' worth of samples (every_steps each)."""
@@ -136,6 +143,32 @@ def _window(p: Policy, state: types.AutoscalerState, obs: types.Observation) -> 
     return fresh[-p.every_steps * p.window_looks :]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Capacities:
+    """Per-accelerator capacities measured at the current I, extrapolated to any other I.
+
+    Generators decode independently (each at its own batch H), so their rate is linear in I;
+    trainers are assumed to scale linearly too, which the step bound keeps honest: every move is
+    re-measured before the next one.
+    """
+
+    per_gen: float
+    per_train: float
+    n_gpus: int
+
+    def throughput(self, a: int) -> float:
+        return min(self.per_gen * a, self.per_train * (self.n_gpus - a))
+
+    def ratio(self, a: int) -> float:
+        gen_rate = self.per_gen * a
+        # A rate so small it underflows means generators produce nothing: any trainer is idle.
+        return 1.0 if gen_rate <= 0.0 else min(1.0, self.per_train * (self.n_gpus - a) / gen_rate)
+
+    def gain(self, a: int, b: int) -> float:
+        """Relative throughput change from I=a to I=b."""
+        return self.throughput(b) / self.throughput(a) - 1
+
+
 def decide(p: Policy, state: types.AutoscalerState, obs: types.Observation) -> types.Decision:
     """The I to run with after optimizer step `obs.step`, and why."""
     allowed = p.allowed()
@@ -152,44 +185,97 @@ def decide(p: Policy, state: types.AutoscalerState, obs: types.Observation) -> t
     if state.last_change_step is not None and obs.step - state.last_change_step < p.cooldown_steps:
         return _hold(obs, state, f"cooling down after the change at step {state.last_change_step}")
     window = _window(p, state, obs)
-    need = p.every_steps
-    if len(window) < need:
-        return _hold(obs, state, f"waiting for rate samples at I={i} ({len(window)} of {need})")
+    if len(window) < p.every_steps:
+        return _hold(obs, state, f"waiting for rate samples at I={i} ({len(window)} of {p.every_steps})")
     gen = sum(s.gen_tokens_per_s for s in window) / len(window)
     train = sum(s.train_tokens_per_s for s in window) / len(window)
     evaluated = dataclasses.replace(state, last_eval_step=obs.step, pending=Action.HOLD)
     if gen <= 0:
         return _hold(obs, evaluated, "generators reported no throughput")
+    if train <= 0:
+        return _hold(obs, evaluated, "trainers reported no throughput")
     ratio = min(1.0, train / gen)
-    lower = p.lower_ratio - (p.reversal_margin if state.last_action is Action.SCALE_UP else 0.0)
-    upper = p.upper_ratio + (p.reversal_margin if state.last_action is Action.SCALE_DOWN else 0.0)
-    upper = min(upper, 0.999)
+    cap = _Capacities(gen / i, train / (p.n_gpus - i), p.n_gpus)
+    seed, reading = _seed_reading(p, ratio, gen, train, window)
+    # The planner's optimum for the measured capacities (ties: the nearest, so equal I's never flap).
+    best = max(allowed, key=lambda a: (cap.throughput(a), -abs(a - i)))
+    toward = Action.HOLD if best == i else Action.SCALE_UP if best > i else Action.SCALE_DOWN
+    reversal = state.last_action not in (Action.HOLD, toward)
+    need = p.min_gain + (p.reversal_margin if reversal else 0.0)
+    if toward is Action.HOLD or cap.gain(i, best) < need:
+        return _hold(obs, evaluated, _why_hold(p, allowed, i, seed, reading, best, cap, need), ratio)
+    if seed is toward:
+        why = f"{reading}; toward the planner's optimum I={best} for the measured capacities"
+    else:
+        band = "hold" if seed is Action.HOLD else _verb(seed)
+        why = (
+            f"{reading}; the band would {band}, but the planner's optimum for the measured capacities "
+            f"is I={best} ({cap.gain(i, best):+.1%} throughput): following the planner"
+        )
+    confirmed = state.pending is toward  # the previous look saw the same reversal
+    return _step(p, evaluated, obs, allowed, toward, confirmed, cap, ratio, why)
+
+
+_BOTTLENECK = {side: f"{side} are the bottleneck" for side in ("trainers", "generators")}
+
+
+def _verb(action: Action) -> str:
+    return "add generators" if action is Action.SCALE_UP else "remove generators"
+
+
+def _seed_reading(
+    p: Policy, ratio: float, gen: float, train: float, window: list[types.RateSample]
+) -> tuple[Action, str]:
+    """What the seed's band says (hold, add or remove generators) and a sentence saying why."""
     rates = f"generators {gen:.4g} {p.rate_unit}, trainers {train:.4g} {p.rate_unit}"
     where = f"ratio r_pipeline/r_gen = {ratio:.3f} over steps {window[0].step}-{window[-1].step}"
-    if lower <= ratio <= upper:
-        return _hold(obs, evaluated, f"{where} is within [{lower:.3f}, {upper:.3f}]", ratio)
-    down = ratio < lower
-    if down:
-        why = f"{where} is below {lower:.3f}: trainers are the bottleneck ({rates})"
-    elif train >= gen:
-        why = f"{where} is above {upper:.3f}: generators are the bottleneck ({rates})"
-    else:
-        # The seed's band keeps generation a few percent ahead of training: above the upper bound the
-        # trainers are (still) the slower side, but the surplus that keeps them fed is too thin.
-        why = (
-            f"{where} is above {upper:.3f}: generation's surplus over training is only "
-            f"{gen / train - 1:.1%} ({rates}); the band keeps generation at least "
-            f"{1 / upper - 1:.1%} ahead"
+    if ratio < p.lower_ratio:
+        return (
+            Action.SCALE_DOWN,
+            f"{where} is below {p.lower_ratio:.3f}: trainers are the bottleneck ({rates})",
         )
-    wanted = Action.SCALE_DOWN if down else Action.SCALE_UP
-    reversal = state.last_action not in (Action.HOLD, wanted)
-    if reversal and state.pending is not wanted:
-        # Undoing the previous change on one reading is how noise makes a controller flap.
-        pending = dataclasses.replace(evaluated, pending=wanted)
-        return _hold(
-            obs, pending, f"{why}; reversing the last change waits for the next look to agree", ratio
+    if ratio <= p.upper_ratio:
+        return Action.HOLD, f"{where} is within [{p.lower_ratio:.3f}, {p.upper_ratio:.3f}] ({rates})"
+    if train >= gen:
+        return (
+            Action.SCALE_UP,
+            f"{where} is above {p.upper_ratio:.3f}: generators are the bottleneck ({rates})",
         )
-    return _step(p, evaluated, obs, allowed, down, gen / i, train / (p.n_gpus - i), ratio, why)
+    # The seed's band keeps generation a few percent ahead of training: above the upper bound the
+    # trainers are (still) the slower side, but the surplus that keeps them fed is too thin.
+    return Action.SCALE_UP, (
+        f"{where} is above {p.upper_ratio:.3f}: generation's surplus over training is only "
+        f"{gen / train - 1:.1%} ({rates}); the band keeps generation at least "
+        f"{1 / p.upper_ratio - 1:.1%} ahead"
+    )
+
+
+def _why_hold(
+    p: Policy,
+    allowed: list[int],
+    i: int,
+    seed: Action,
+    reading: str,
+    best: int,
+    cap: _Capacities,
+    need: float,
+) -> str:
+    if seed is Action.HOLD and best == i:
+        return reading
+    at_limit = (i == allowed[-1]) if seed is Action.SCALE_UP else (i == allowed[0])
+    if seed is not Action.HOLD and at_limit:
+        bound = "upper" if seed is Action.SCALE_UP else "lower"
+        return f"{reading}; already at the {bound} limit ({_limits(p)})"
+    if best == i:
+        return (
+            f"{reading}; but I={i} is already the planner's optimum for the measured capacities "
+            f"({cap.throughput(i):.4g} {p.rate_unit}): holding"
+        )
+    return (
+        f"{reading}; but the planner's optimum for the measured capacities, I={best}, gains only "
+        f"{cap.gain(i, best):+.1%} throughput (a move needs {need:.0%}"
+        f"{', as it would reverse the last change' if need > p.min_gain else ''}): holding"
+    )
 
 
 def _step(
@@ -197,51 +283,34 @@ def _step(
     state: types.AutoscalerState,
     obs: types.Observation,
     allowed: list[int],
-    down: bool,
-    per_gen: float,
-    per_train: float,
+    toward: Action,
+    confirmed: bool,
+    cap: _Capacities,
     ratio: float,
     why: str,
 ) -> types.Decision:
-    i, n = obs.generators, p.n_gpus
-
-    def predicted_ratio(a: int) -> float:
-        gen_rate = per_gen * a
-        # A rate so small it underflows means generators produce nothing: any trainer is idle.
-        return 1.0 if gen_rate <= 0.0 else min(1.0, per_train * (n - a) / gen_rate)
-
-    def throughput(a: int) -> float:
-        return min(per_gen * a, per_train * (n - a))
-
+    """One bounded step toward the optimum: at most stepUp/stepDown GPUs, or one whole pod."""
+    i = obs.generators
+    down = toward is Action.SCALE_DOWN
     k = allowed.index(i)
     side = allowed[:k][::-1] if down else allowed[k + 1 :]  # nearest first
-    if not side:
-        bound = "lower" if down else "upper"
-        return _hold(obs, state, f"{why}; already at the {bound} limit ({_limits(p)})", ratio)
     size = p.step_down if down else p.step_up
     reach = [a for a in side if abs(a - i) <= size]
     if not reach:  # the configured step is smaller than one whole pod (or pair of pods)
         reach = side[:1]
         why += f"; the smallest whole-pod step is {abs(reach[0] - i)} GPUs"
-    for a in reversed(reach):  # farthest first
-        pr = predicted_ratio(a)
-        # Land inside the band with the same margin a reversal needs, so noise cannot bounce it back.
-        if (pr <= p.upper_ratio - p.reversal_margin) if down else (pr >= p.lower_ratio + p.reversal_margin):
-            return _move(obs, state, a, f"{why}; predicted ratio {pr:.3f}", ratio)
-    a = reach[0]
-    gain = throughput(a) / throughput(i) - 1
-    if gain >= p.min_gain:
-        return _move(
-            obs,
-            state,
-            a,
-            f"{why}; the smallest step overshoots the band but gains {gain:.1%} throughput",
-            ratio,
+    # Within reach, the best I; never past the optimum (that would only make the next look reverse).
+    target = max(reach, key=lambda a: (cap.throughput(a), -abs(a - i)))
+    gain = cap.gain(i, target)
+    if gain <= 0:  # only where rates are so extreme that throughput rounds flat
+        return _hold(obs, state, f"{why}; holding: the reachable step (to I={target}) gains nothing", ratio)
+    reversal = state.last_action not in (Action.HOLD, toward)
+    if reversal and not confirmed:
+        # Undoing the previous change on one reading is how noise makes a controller flap.
+        pending = dataclasses.replace(state, pending=toward)
+        return _hold(
+            obs, pending, f"{why}; reversing the last change waits for the next look to agree", ratio
         )
-    return _hold(
-        obs,
-        state,
-        f"{why}; holding: the smallest step (to I={a}) would overshoot the band "
-        f"(predicted ratio {predicted_ratio(a):.3f}) for {gain:+.1%} throughput",
-        ratio,
+    return _move(
+        obs, state, target, f"{why}; predicted ratio {cap.ratio(target):.3f}, {gain:+.1%} throughput", ratio
     )
