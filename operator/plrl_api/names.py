@@ -47,6 +47,8 @@ ANNOTATION_WEIGHT_VERSION: Final = "pipelinerl.io/weight-version"
 ANNOTATION_TOKENS_PER_SECOND: Final = "pipelinerl.io/tokens-per-second"
 ANNOTATION_QUEUE_DEPTH: Final = "pipelinerl.io/queue-depth"
 ANNOTATION_UTILISATION: Final = "pipelinerl.io/utilisation"
+# Completion tokens per second of the time the worker was working (the autoscaler's capacity).
+ANNOTATION_CAPACITY: Final = "pipelinerl.io/capacity-tokens-per-second"
 ANNOTATION_PROGRESS: Final = "pipelinerl.io/progress"
 """Trainer rank 0 only: the job's `records.Progress` as JSON."""
 ANNOTATION_RELEASED: Final = "pipelinerl.io/released"

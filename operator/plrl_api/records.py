@@ -227,6 +227,10 @@ class WorkerReport(pydantic.BaseModel):
     """Generator: rollout groups waiting for the coordinator; trainer rank 0: groups buffered."""
     utilisation: float | None = None
     """Generator: sequences in flight / capacity; trainer: busy share of the last step."""
+    capacity_tokens_per_second: float | None = None
+    """Completion tokens per second of the time this worker was working, not waiting: generator:
+    decoded over the metrics window; trainer rank 0: trained in the last step (all ranks). What the
+    autoscaler compares (observed rates are throttled by whichever side is slower)."""
     progress: Progress | None = None
     """Trainer rank 0 only: the job's progress."""
 
@@ -244,6 +248,9 @@ def lease_annotations(report: WorkerReport) -> dict[str, str]:
     util = finite(report.utilisation)
     if util is not None:
         out[names.ANNOTATION_UTILISATION] = f"{min(1.0, max(0.0, util)):.3f}"
+    cap = finite(report.capacity_tokens_per_second)
+    if cap is not None:
+        out[names.ANNOTATION_CAPACITY] = f"{max(0.0, cap):.1f}"
     if report.progress is not None:
         out[names.ANNOTATION_PROGRESS] = report.progress.model_dump_json(by_alias=True)
     return out
@@ -273,5 +280,6 @@ def parse_annotations(annotations: Mapping[str, str]) -> WorkerReport | None:
         tokens_per_second=finite(annotations.get(names.ANNOTATION_TOKENS_PER_SECOND)),
         queue_depth=_opt_int(annotations.get(names.ANNOTATION_QUEUE_DEPTH)),
         utilisation=finite(annotations.get(names.ANNOTATION_UTILISATION)),
+        capacity_tokens_per_second=finite(annotations.get(names.ANNOTATION_CAPACITY)),
         progress=prog,
     )

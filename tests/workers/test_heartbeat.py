@@ -90,6 +90,7 @@ def test_the_operator_reads_back_the_trainers_row() -> None:
         "pipelinerl.io/tokens-per-second": "950.0",
         "pipelinerl.io/queue-depth": "4",
         "pipelinerl.io/utilisation": "0.750",  # busy 3 s of a 4 s step
+        "pipelinerl.io/capacity-tokens-per-second": "300.0",  # 900 completion tokens in 3 busy s
     }
 
 

@@ -77,3 +77,14 @@ def test_rate_meter_counts_only_its_window() -> None:
     now[0] = 20.0
     meter.add(30)
     assert meter.rate() == 3.0  # the first batch left the 10 s window
+    assert meter.in_window() == 30
+
+
+def test_a_generators_capacity_ignores_the_time_it_waited() -> None:
+    m = metrics.WorkerMetrics(role="generator")
+    assert m.generated_tokens_per_decoding_second() == 0.0  # nothing decoded yet: no estimate
+    m.add_generated_tokens(600)
+    m.add_decoding_seconds(1.5)
+    m.add_decoding_seconds(0.5)
+    # However long it then sat waiting for leases, 600 tokens in 2 s of decoding is 300 tokens/s.
+    assert m.generated_tokens_per_decoding_second() == 300.0

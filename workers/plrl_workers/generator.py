@@ -388,7 +388,9 @@ class Generator:
         t0 = time.perf_counter()
         finished = self.engine.step()
         if self.metrics is not None:
-            self.metrics.step_seconds.observe(time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            self.metrics.step_seconds.observe(dt)
+            self.metrics.add_decoding_seconds(dt)
             self.metrics.in_flight.set(self.engine.num_in_flight())
         self._collect(finished, self._stream)
 
@@ -463,6 +465,9 @@ class Generator:
         return heartbeat.generator_report(
             weight_version=self.engine.weight_version,
             tokens_per_second=self.metrics.generated_tokens_per_second() if self.metrics else 0.0,
+            capacity_tokens_per_second=self.metrics.generated_tokens_per_decoding_second()
+            if self.metrics
+            else None,
             in_flight=self.engine.num_in_flight(),
             capacity=capacity,
             queue_depth=backlog,

@@ -129,6 +129,9 @@ def trainer_report(
         utilisation=min(1.0, record.busy_s / record.step_s)
         if record is not None and record.step_s > 0
         else None,
+        capacity_tokens_per_second=record.completion_tokens / record.busy_s
+        if record is not None and record.busy_s > 0
+        else None,
         progress=records.progress(
             record,
             step=step,
@@ -142,12 +145,18 @@ def trainer_report(
 
 
 def generator_report(
-    weight_version: int, tokens_per_second: float, in_flight: int, capacity: int, queue_depth: int
+    weight_version: int,
+    tokens_per_second: float,
+    in_flight: int,
+    capacity: int,
+    queue_depth: int,
+    capacity_tokens_per_second: float | None = None,
 ) -> records.WorkerReport:
     return records.WorkerReport(
         role=names.GENERATOR,
         weight_version=weight_version,
         tokens_per_second=tokens_per_second,
+        capacity_tokens_per_second=capacity_tokens_per_second,
         queue_depth=queue_depth,
         utilisation=min(1.0, in_flight / capacity) if capacity > 0 else None,
     )

@@ -48,11 +48,20 @@ class RateMeter:
 
     def rate(self) -> float:
         with self._lock:
-            now = self._clock()
-            while self._events and self._events[0][0] < now - self._window_s:
-                self._events.popleft()
-            span = min(self._window_s, now - self._start)
-            return sum(a for _, a in self._events) / span if span > 0 else 0.0
+            total = self._in_window_locked()
+            span = min(self._window_s, self._clock() - self._start)
+            return total / span if span > 0 else 0.0
+
+    def in_window(self) -> float:
+        """The amounts added over the last `window_s` seconds."""
+        with self._lock:
+            return self._in_window_locked()
+
+    def _in_window_locked(self) -> float:
+        now = self._clock()
+        while self._events and self._events[0][0] < now - self._window_s:
+            self._events.popleft()
+        return sum(a for _, a in self._events)
 
 
 @dataclasses.dataclass
@@ -79,6 +88,7 @@ class WorkerMetrics:
         ).set(1)
         self._generated = RateMeter(window_s)
         self._trained = RateMeter(window_s)
+        self._decoding = RateMeter(window_s)  # seconds spent in engine steps
         self.generated_tokens = prometheus_client.Counter(
             "plrl_generated_tokens", "Tokens generated (completion tokens).", registry=r
         )
@@ -128,6 +138,15 @@ class WorkerMetrics:
     def add_trained_tokens(self, n: int) -> None:
         self.trained_tokens.inc(n)
         self._trained.add(n)
+
+    def add_decoding_seconds(self, s: float) -> None:
+        self._decoding.add(s)
+
+    def generated_tokens_per_decoding_second(self) -> float:
+        """Generated tokens per second spent decoding, over the last window: the generator's
+        capacity, which waiting for leases (backpressure, an empty queue) does not dilute."""
+        busy = self._decoding.in_window()
+        return self._generated.in_window() / busy if busy > 0 else 0.0
 
     def generated_tokens_per_second(self) -> float:
         """Generated tokens/s over the last window (what the /metrics gauge shows)."""

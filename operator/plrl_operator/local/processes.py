@@ -93,6 +93,13 @@ class Supervisor:
         """Name -> exit code of every process that has ended (and has not been restarted since)."""
         return {n: r.proc.returncode for n, r in self._procs.items() if r.proc.poll() is not None}
 
+    def remove(self, names: list[str]) -> None:
+        """Stop these processes for good: they are no longer part of the run."""
+        if names:
+            self.stop(names)
+        for n in names:
+            del self._procs[n]
+
     def wait(self, name: str, timeout: float) -> int | None:
         try:
             return self._procs[name].proc.wait(timeout)

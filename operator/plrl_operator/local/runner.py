@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import os
@@ -38,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from plrl_api import names, plan, records, worker_config
 from plrl_api import spec as spec_mod
 from plrl_operator import jobfile
-from plrl_operator.local import chaos, chaos_report, devices, processes, report
+from plrl_operator.local import autoscaling, chaos, chaos_report, devices, processes, report
 from plrl_operator.policy import decide, health
 
 log = logging.getLogger("plrl.run")
@@ -337,8 +338,13 @@ class Controller:
         self._step: int | None = None  # the latest trained step seen
         self.restarts: list[dict[str, object]] = []
         """Each restart: seconds since the processes started, the worker, the policy's reason."""
+        self.resized_at: list[float] = []
+        """When each change of I was made, seconds since the processes started."""
         self.progress: list[tuple[float, int | None]] = []
         """(seconds since the processes started, latest step) at every change the runner saw."""
+        spec = launch.job.spec
+        scaled = spec.pipeline.autoscale.enabled and spec.pipeline.mode is spec_mod.PipelineMode.PIPELINE
+        self.autoscaler = autoscaling.LocalAutoscaler.for_job(spec) if scaled else None
 
     def _pid(self, name: str) -> int | None:
         r = self.sup.running.get(name)
@@ -382,6 +388,8 @@ class Controller:
                     elif group:  # the first trainer decision restarts the whole group
                         self._restart(d, list(group))
                         group = ()
+                if self.autoscaler is not None and not verdict.decisions:
+                    self._autoscale(rows)
                 self.peak.sample(self.sup)
                 step = rows[-1].step if rows else None
                 if step != self._step:
@@ -420,6 +428,45 @@ class Controller:
         for spec in self.launch.specs():
             if spec.name in trainers:
                 self.sup.start(spec, restarts=trainers[spec.name])
+
+    def _autoscale(self, rows: list[records.StepRecord]) -> None:
+        assert self.autoscaler is not None
+        plan_now = self.launch.pod_plan
+        gens = [names.local_process(names.GENERATOR, k) for k in range(plan_now.generator_pods)]
+        leases = [_lease(self.launch.run_dir, n) for n in gens]
+        caps = [x.report.capacity_tokens_per_second if x and x.report else None for x in leases]
+        d = self.autoscaler.look(rows, plan_now.generator_gpus, caps)
+        if d is not None:
+            self.resized_at.append(round(time.monotonic() - self._t0, 3))
+            self._resize(d.generators, d.reason)
+            self.autoscaler.write(self.launch.run_dir, self.resized_at)
+
+    def _resize(self, generator_gpus: int, reason: str) -> None:
+        """Change I: generators leave (SIGTERM) or join, and the trainers restart from the latest
+        checkpoint with the new world size; the restored coordinator re-queues every lease the
+        checkpoint holds, so a leaving generator's unfinished prompts are not lost. Generators that
+        stay keep running and reconnect to the new trainer rank 0."""
+        old = self.launch.pod_plan
+        new = plan.PodPlan.of(self.launch.job.spec, generator_gpus)
+        print(f"{reason}; {old.trainer_gpus} -> {new.trainer_gpus} trainer rank(s)", flush=True)
+        gen = functools.partial(names.local_process, names.GENERATOR)
+        leaving = [gen(k) for k in range(new.generator_pods, old.generator_pods)]
+        trainers = [names.local_process(names.TRAINER, r) for r in range(old.trainer_gpus)]
+        if self.faults is not None:  # as after a failover restart: new processes start free of faults
+            for name in [*leaving, *trainers]:
+                self._inject(self.faults.forget(name))
+        restarts = {n: self.sup.running[n].restarts + 1 for n in trainers}
+        # Together: the trainers resume from their checkpoint, which re-queues whatever the leaving
+        # generators still hold, so there is nothing to gain from draining them first.
+        self.sup.remove([*leaving, *trainers])
+        self.launch.pod_plan = new
+        self.launch.gpus = devices.placements(new, devices.visible_gpus())
+        staying = {gen(k) for k in range(min(old.generator_pods, new.generator_pods))}
+        for spec in self.launch.specs():
+            if spec.role == names.TRAINER:
+                self.sup.start(spec, restarts=restarts.get(spec.name, 0))
+            elif spec.name not in staying:
+                self.sup.start(spec)
 
     def _progress(self) -> list[records.StepRecord]:
         """The run's records so far; prints a progress line every `PROGRESS_EVERY_S`."""
@@ -501,10 +548,6 @@ def run(
         f"run directory {run_dir}",
         flush=True,
     )
-    if job.spec.pipeline.autoscale.enabled:
-        print(
-            "note: spec.pipeline.autoscale.enabled: plrl run does not rescale a running job yet", flush=True
-        )
     sup = processes.Supervisor()
     controller = Controller(launch, sup, quiet, faults)
     outcome: report.Outcome = "finished"
@@ -541,6 +584,9 @@ def run(
         )
         for kind in chaos_report.by_kind(chaos_report.fault_costs(doc)):
             print(f"chaos: {kind.line()}")
+    if controller.autoscaler is not None:
+        controller.autoscaler.write(run_dir, controller.resized_at)
+        print(f"{controller.autoscaler.summary()}; see {run_dir / autoscaling.DECISIONS_FILE}")
     rows = report.read_records(run_dir)
     summary = report.summarize(
         rows,

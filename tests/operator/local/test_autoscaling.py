@@ -1,0 +1,86 @@
+"""`plrl run` with `pipeline.autoscale.enabled`: a job made imbalanced by `--chaos` is rescaled.
+
+Three CPU "accelerators". A generator slowed 8x makes generation the bottleneck, so I goes 1 -> 2
+(the trainers restart from their checkpoint with one rank instead of two); a trainer slowed 8x does
+the opposite, 2 -> 1. What a user must see: the change and its ratio on the terminal and in
+`autoscale.json`, the generator that stays keeps its process (its heartbeat was acquired before the
+resize restarted the trainers), no failover restart, every step trained, and prompt accounting
+intact at the end.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+
+import pytest
+
+from plrl_api import records
+from plrl_operator.local import autoscaling, report, runner
+from tests.operator.local.conftest import plrl, write_job
+
+pytestmark = pytest.mark.slow
+STEPS = 40
+
+
+def _job(tmp_path: pathlib.Path, generators: int) -> pathlib.Path:
+    return write_job(
+        tmp_path / "job.yaml",
+        resources={"totalGPUs": 3},
+        pipeline={
+            "maxLag": 8,
+            "generators": generators,
+            "autoscale": {"enabled": True, "everySteps": 5, "cooldownSteps": 10},
+        },
+        training={"totalSteps": STEPS, "checkpoint": {"everySteps": 5}},
+        heartbeat={"intervalSeconds": 1, "timeoutSeconds": 4},
+    )
+
+
+def _acquired(run_dir: pathlib.Path, name: str) -> datetime.datetime:
+    lease = json.loads((run_dir / records.HEARTBEAT_DIR / f"{name}.json").read_text())
+    return datetime.datetime.fromisoformat(lease["spec"]["acquireTime"])
+
+
+def _check_the_run(run_dir: pathlib.Path, out: str) -> dict[str, object]:
+    rows = records.read_step_records((run_dir / records.METRICS_FILE).read_text())
+    assert [row.step for row in rows] == list(range(1, STEPS + 1)), out
+    a = report.read_records(run_dir)[-1].prompts
+    assert a.outstanding == 0 and a.issued == a.trained + a.dropped_by_lag, a
+    chaos = json.loads((run_dir / runner.CHAOS_FILE).read_text())
+    assert chaos["restarts"] == [], chaos["restarts"]  # rescaling is not failover: nothing charged
+    decisions: dict[str, object] = json.loads((run_dir / autoscaling.DECISIONS_FILE).read_text())
+    return decisions
+
+
+@pytest.mark.parametrize(
+    ("start", "slowed", "want"),
+    [(1, "generator-0", 2), (2, "trainer-0", 1)],
+    ids=["slow-generator-gets-more-generators", "slow-trainer-gets-fewer"],
+)
+def test_an_imbalanced_job_is_rescaled_without_restarting_the_generator_that_stays(
+    tmp_path: pathlib.Path, run_dir: pathlib.Path, start: int, slowed: str, want: int
+) -> None:
+    job = _job(tmp_path, start)
+    r = plrl("run", str(job), "--run-dir", str(run_dir), "--chaos", f"slow:{slowed}@step=3:8x", timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    decisions = _check_the_run(run_dir, out)
+    changes = decisions["changes"]
+    assert isinstance(changes, list) and changes, decisions
+    first = changes[0]
+    assert (first["previous"], first["generators"]) == (start, want), first
+    verb = "Adding" if want > start else "Removing"
+    assert first["reason"].startswith(f"{verb} generator GPUs {start} -> {want}: ratio r_pipeline/r_gen = ")
+    bottleneck = "generators" if want > start else "trainers"
+    assert f"{bottleneck} are the bottleneck" in first["reason"]
+    assert first["reason"] in out
+    trainers_before, trainers_after = 3 - start, 3 - want
+    assert f"{trainers_before} -> {trainers_after} trainer rank(s)" in out
+    assert f"autoscaler: {len(changes)} change(s) of I: {start} -> {want} at step {first['step']}" in out
+    # generator-0 stays in both directions; the trainers were restarted by the resize.
+    assert _acquired(run_dir, "generator-0") < _acquired(run_dir, "trainer-0")
+    if want > start:  # the new generator joined and delivered rollouts
+        lease = json.loads((run_dir / records.HEARTBEAT_DIR / "generator-1.json").read_text())
+        assert float(lease["metadata"]["annotations"]["pipelinerl.io/capacity-tokens-per-second"]) > 0
