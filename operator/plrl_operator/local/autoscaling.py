@@ -38,6 +38,11 @@ class LocalAutoscaler:
     last: types.Decision | None = None
     _high_water: int = 0
 
+    @property
+    def high_water(self) -> int:
+        """The highest step fed so far."""
+        return self._high_water
+
     @classmethod
     def for_job(cls, job: spec_mod.JobSpec) -> LocalAutoscaler:
         return cls(autoscaler.policy_for_job(job))
@@ -47,8 +52,10 @@ class LocalAutoscaler:
         rows: Sequence[records.StepRecord],
         generators: int,
         generator_capacities: Sequence[float | None],
+        rescale_cost_s: float | None = None,
     ) -> types.Decision | None:
-        """Feed the steps trained since the last look; the change to make now, if any."""
+        """Feed the steps trained since the last look; the change to make now, if any.
+        `rescale_cost_s`: what the last change cost (None: none measured yet)."""
         fresh = [r for r in rows if r.step > self._high_water]
         if not fresh:
             return None
@@ -58,7 +65,9 @@ class LocalAutoscaler:
             if s is not None:
                 self.samples.append(s)
         self._high_water = fresh[-1].step
-        obs = types.Observation(self._high_water, generators, tuple(self.samples))
+        recent = sorted(r.step_s for r in rows[-10:])
+        per_step = recent[len(recent) // 2] if recent else None
+        obs = types.Observation(self._high_water, generators, tuple(self.samples), per_step, rescale_cost_s)
         self.last = autoscaler.decide(self.policy, self.state, obs)
         self.state = self.last.state
         if not self.last.changed:
@@ -66,11 +75,12 @@ class LocalAutoscaler:
         self.changes.append(self.last)
         return self.last
 
-    def write(self, run_dir: pathlib.Path, elapsed_s: Sequence[float]) -> None:
+    def write(self, run_dir: pathlib.Path, elapsed_s: Sequence[float], cost_s: float | None) -> None:
         """`autoscale.json`: each change (with when it was made, seconds since the processes
-        started) and the latest look, whatever it said."""
+        started), what the last one cost, and the latest look, whatever it said."""
         changes = [d.to_dict() | {"elapsed_s": t} for d, t in zip(self.changes, elapsed_s, strict=True)]
-        doc = {"changes": changes, "last": self.last.to_dict() if self.last else None}
+        last = self.last.to_dict() if self.last else None
+        doc = {"changes": changes, "lastChangeCostSeconds": cost_s, "last": last}
         (run_dir / DECISIONS_FILE).write_text(json.dumps(doc, indent=1))
 
     def summary(self) -> str:

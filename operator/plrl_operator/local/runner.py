@@ -340,6 +340,9 @@ class Controller:
         """Each restart: seconds since the processes started, the worker, the policy's reason."""
         self.resized_at: list[float] = []
         """When each change of I was made, seconds since the processes started."""
+        self.resize_cost_s: float | None = None
+        """What the last change of I cost: seconds until training passed the step it had reached."""
+        self._resize_cost_from: tuple[float, int] | None = None  # (when, step) of a change being timed
         self.progress: list[tuple[float, int | None]] = []
         """(seconds since the processes started, latest step) at every change the runner saw."""
         spec = launch.job.spec
@@ -435,11 +438,16 @@ class Controller:
         gens = [names.local_process(names.GENERATOR, k) for k in range(plan_now.generator_pods)]
         leases = [_lease(self.launch.run_dir, n) for n in gens]
         caps = [x.report.capacity_tokens_per_second if x and x.report else None for x in leases]
-        d = self.autoscaler.look(rows, plan_now.generator_gpus, caps)
+        if self._resize_cost_from is not None and rows and rows[-1].step > self._resize_cost_from[1]:
+            # Training is past the step it had reached when the last change began: that is its cost.
+            self.resize_cost_s = time.monotonic() - self._resize_cost_from[0]
+            self._resize_cost_from = None
+        d = self.autoscaler.look(rows, plan_now.generator_gpus, caps, self.resize_cost_s)
         if d is not None:
+            self._resize_cost_from = (time.monotonic(), self.autoscaler.high_water)
             self.resized_at.append(round(time.monotonic() - self._t0, 3))
             self._resize(d.generators, d.reason)
-            self.autoscaler.write(self.launch.run_dir, self.resized_at)
+            self.autoscaler.write(self.launch.run_dir, self.resized_at, self.resize_cost_s)
 
     def _resize(self, generator_gpus: int, reason: str) -> None:
         """Change I: generators leave (SIGTERM) or join, and the trainers restart from the latest
@@ -585,8 +593,13 @@ def run(
         for kind in chaos_report.by_kind(chaos_report.fault_costs(doc)):
             print(f"chaos: {kind.line()}")
     if controller.autoscaler is not None:
-        controller.autoscaler.write(run_dir, controller.resized_at)
+        controller.autoscaler.write(run_dir, controller.resized_at, controller.resize_cost_s)
         print(f"{controller.autoscaler.summary()}; see {run_dir / autoscaling.DECISIONS_FILE}")
+        if controller.resize_cost_s is not None:
+            print(
+                f"autoscaler: the last change of I cost {controller.resize_cost_s:.1f} s (from the decision "
+                "until training passed the step it had reached)"
+            )
     rows = report.read_records(run_dir)
     summary = report.summarize(
         rows,

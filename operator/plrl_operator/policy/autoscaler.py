@@ -278,6 +278,23 @@ def _why_hold(
     )
 
 
+def _not_worth_it(p: Policy, obs: types.Observation, gain: float) -> str:
+    """The cost/benefit gate: a change pauses training for about `rescale_cost_s` (the last change's
+    measured cost), so over the next decision period it must win back more than it loses:
+    gain x (period - cost) >= cost, with period = max(everySteps, cooldownSteps) steps. Empty: take it."""
+    cost, per_step = obs.rescale_cost_s, obs.step_seconds
+    if cost is None or per_step is None or cost <= 0 or per_step <= 0:
+        return ""  # nothing measured yet: the first change is taken on the capacities alone
+    period = max(p.every_steps, p.cooldown_steps) * per_step
+    if gain * (period - cost) >= cost:
+        return ""
+    unit = "flashes" if p.rate_unit.endswith("flash") else "s"
+    return (
+        f"{gain:+.1%} throughput over the next decision period ({period:.4g} {unit}) does not win back "
+        f"the {cost:.4g} {unit} the last change of I cost"
+    )
+
+
 def _step(
     p: Policy,
     state: types.AutoscalerState,
@@ -304,6 +321,9 @@ def _step(
     gain = cap.gain(i, target)
     if gain <= 0:  # only where rates are so extreme that throughput rounds flat
         return _hold(obs, state, f"{why}; holding: the reachable step (to I={target}) gains nothing", ratio)
+    not_worth = _not_worth_it(p, obs, gain)
+    if not_worth:
+        return _hold(obs, state, f"{why}; holding: {not_worth}", ratio)
     reversal = state.last_action not in (Action.HOLD, toward)
     if reversal and not confirmed:
         # Undoing the previous change on one reading is how noise makes a controller flap.

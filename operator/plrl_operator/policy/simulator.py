@@ -267,7 +267,11 @@ def simulate_pipeline(
                     train_tokens_per_s=(cfg.n_gpus - sim.generators) / cfg.tau * jitter(),
                 )
             )
-            obs = types.Observation(sim.version, sim.generators, tuple(samples))
+            recent = records[-10:]
+            per_step = (recent[-1].time - (records[-11].time if len(records) > 10 else 0.0)) / len(recent)
+            # A change pauses everything `rescale_flashes`: what the last one cost, once there was one.
+            cost = cfg.rescale_flashes if decisions and cfg.rescale_flashes > 0 else None
+            obs = types.Observation(sim.version, sim.generators, tuple(samples), per_step, cost)
             decision = autoscaler.decide(policy, state, obs)
             state = decision.state
             if decision.changed:

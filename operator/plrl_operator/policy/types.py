@@ -117,6 +117,11 @@ class Observation:
     step: int
     generators: int
     samples: tuple[RateSample, ...]
+    step_seconds: float | None = None
+    """Recent time per optimizer step (seconds, or flashes when simulated); None: unknown."""
+    rescale_cost_s: float | None = None
+    """What the last change of I cost, in the same unit: from the decision until training was back
+    at the step it had reached (restart plus steps trained again). None: no change measured yet."""
 
 
 class ScaleAction(enum.StrEnum):

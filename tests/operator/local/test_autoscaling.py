@@ -81,6 +81,7 @@ def test_an_imbalanced_job_is_rescaled_without_restarting_the_generator_that_sta
     assert f"autoscaler: {len(changes)} change(s) of I: {start} -> {want} at step {first['step']}" in out
     # generator-0 stays in both directions; the trainers were restarted by the resize.
     assert _acquired(run_dir, "generator-0") < _acquired(run_dir, "trainer-0")
-    if want > start:  # the new generator joined and delivered rollouts
+    if want > start:  # the new generator joined and delivered rollouts; training went on and was timed
+        assert "autoscaler: the last change of I cost " in out
         lease = json.loads((run_dir / records.HEARTBEAT_DIR / "generator-1.json").read_text())
         assert float(lease["metadata"]["annotations"]["pipelinerl.io/capacity-tokens-per-second"]) > 0

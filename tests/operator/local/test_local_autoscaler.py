@@ -41,8 +41,9 @@ def test_a_generator_bound_job_is_told_to_add_generators(tmp_path: pathlib.Path)
     d = a.look(_rows(1, 3), 1, [200.0])
     assert d is not None and (d.previous, d.generators) == (1, 2), a.last
     assert "generators are the bottleneck" in d.reason
-    a.write(tmp_path, [12.5])
-    assert '"elapsed_s": 12.5' in (tmp_path / autoscaling.DECISIONS_FILE).read_text()
+    a.write(tmp_path, [12.5], 7.0)
+    written = (tmp_path / autoscaling.DECISIONS_FILE).read_text()
+    assert '"elapsed_s": 12.5' in written and '"lastChangeCostSeconds": 7.0' in written
     assert a.summary() == "autoscaler: 1 change(s) of I: 1 -> 2 at step 3"
 
 

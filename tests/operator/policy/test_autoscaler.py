@@ -336,3 +336,20 @@ def test_reversing_the_last_change_needs_more_gain_and_two_looks() -> None:
     assert first.action is Action.HOLD and "waits for the next look to agree" in first.reason
     second = look(first.state, 40, 50)
     assert second.action is Action.SCALE_DOWN and second.generators == 45
+
+
+def test_a_change_that_cannot_win_back_its_cost_is_not_taken() -> None:
+    # I=46 -> 44 gains 1.4%; over the next decision period (20 steps of 10 s) that wins back a
+    # change costing up to gain x period / (1 + gain) seconds, and no more.
+    gain = min(GEN * 44, TRAIN * 84) / min(GEN * 46, TRAIN * 82) - 1
+    edge = gain * 200 / (1 + gain)
+
+    def look(cost: float | None) -> types.Decision:
+        obs = dataclasses.replace(_obs(46, 30, GEN * 46, TRAIN * 82), step_seconds=10.0, rescale_cost_s=cost)
+        return autoscaler.decide(PAPER, types.AutoscalerState(), obs)
+
+    assert look(None).generators == 44  # nothing measured yet: the capacities decide alone
+    assert look(edge * 0.99).generators == 44
+    held = look(edge * 1.01)
+    assert held.action is Action.HOLD
+    assert "over the next decision period (200 s) does not win back the 2." in held.reason
