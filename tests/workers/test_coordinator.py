@@ -28,8 +28,7 @@ from plrl_api import records
 from plrl_workers import protocol
 from plrl_workers.coordinator import core as coordinator
 from plrl_workers.coordinator import state as restart
-
-G = 2
+from tests.workers.rollouts import G, group_for, sample
 
 
 class Clock:
@@ -43,22 +42,6 @@ class Clock:
 def prompts(n: int, start: int = 0) -> Iterator[protocol.Prompt]:
     for i in range(start, start + n):
         yield protocol.Prompt(prompt_id=i, text=f"q{i}", answer=str(i), token_ids=(1, 2, i % 50))
-
-
-def sample(n: int = 3, version: int = 0, reward: float = 1.0) -> protocol.Sample:
-    return protocol.Sample(
-        token_ids=[5] * n, logprobs=[-0.5] * n, versions=[version] * n, reward=reward, finish_reason="stop"
-    )
-
-
-def group_for(lease: protocol.Lease, generator: str | None = None, version: int = 0) -> protocol.RolloutGroup:
-    return protocol.RolloutGroup(
-        lease_id=lease.lease_id,
-        prompt_id=lease.prompt.prompt_id,
-        prompt_token_ids=list(lease.prompt.token_ids),
-        samples=[sample(version=version) for _ in range(G)],
-        generator_id=generator or lease.generator_id,
-    )
 
 
 def make(n: int = 10, clock: Clock | None = None, **kw: object) -> coordinator.Coordinator:

@@ -40,7 +40,7 @@ from plrl_workers.engines import base as engines
 from plrl_workers.rpc import client, server
 from plrl_workers.weight_sync import groups, snapshot
 from tests.polling import eventually
-from tests.workers.test_coordinator import group_for
+from tests.workers.rollouts import group_for
 
 TOKEN = "job-token"
 GEN = "gen-0"
