@@ -12,12 +12,9 @@ separately. Numbers on a shared 2-core machine are noisy: compare the ratios, no
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import pathlib
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -98,38 +95,18 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, backend: str, stage: int, ranks: int) -> dict[str, float]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with contextlib.ExitStack() as stack:  # leaving it (done, failed, timed out) kills every rank left
-        trees = []
-        for r in range(ranks):
-            env = dict(
-                os.environ,
-                CUDA_VISIBLE_DEVICES="",
-                OMP_NUM_THREADS=str(args.threads),
-                PYTHONWARNINGS="ignore",
-            )
-            cmd = [sys.executable, __file__, "--rank-worker", "--backend", backend, "--stage", str(stage)]
-            cmd += ["--port", str(port), "--rank", str(r), "--world-size", str(ranks)]
-            cmd += ["--model-dir", args.model_dir, "--steps", str(args.steps), "--groups", str(args.groups)]
-            cmd += ["--g", str(args.g), "--max-new", str(args.max_new)]
-            cmd += ["--tokens-per-micro-batch", str(args.tokens_per_micro_batch)]
-            trees.append(stack.enter_context(procs.Tree(cmd, env=env)))
-        outs = [t.proc.communicate(timeout=1800) for t in trees]
-    for t, (_, err) in zip(trees, outs, strict=True):
-        if t.proc.returncode:
-            raise SystemExit(f"{backend} stage {stage} x{ranks} failed:\n{err[-3000:]}")
-    result: dict[str, float] = json.loads(outs[0][0].strip().splitlines()[-1])
+    cmd = [sys.executable, __file__, "--backend", backend, "--stage", str(stage)]
+    cmd += ["--model-dir", args.model_dir, "--steps", str(args.steps), "--groups", str(args.groups)]
+    cmd += ["--g", str(args.g), "--max-new", str(args.max_new)]
+    cmd += ["--tokens-per-micro-batch", str(args.tokens_per_micro_batch)]
+    out = procs.run_ranks(cmd, ranks, threads=args.threads)[0]
+    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     return result
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--world-size", type=int, default=1, help=argparse.SUPPRESS)
+    procs.add_rank_arguments(ap)
     ap.add_argument("--backend", default="torch")
     ap.add_argument("--stage", type=int, default=1)
     ap.add_argument("--model-dir", default=str(pathlib.Path(tempfile.gettempdir()) / "plrl-bench-tiny"))

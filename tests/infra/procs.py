@@ -11,6 +11,7 @@ parentage: a worker whose parent already died (reparented to init) is still foun
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import os
@@ -251,3 +252,36 @@ def run_tree(
     if check:
         result.check_returncode()
     return result
+
+
+# --------------------------------------------------------------------------- trainer ranks (benches)
+
+
+def add_rank_arguments(ap: argparse.ArgumentParser) -> None:
+    """The hidden arguments `run_ranks` gives each rank of a bench script that starts itself."""
+    ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--world-size", type=int, default=1, help=argparse.SUPPRESS)
+
+
+def run_ranks(argv: Sequence[str], ranks: int, *, threads: int = 1, timeout: float = 1800.0) -> list[str]:
+    """Run `argv --rank-worker --port P --rank r --world-size N` as `ranks` processes (CPU only,
+    `threads` OMP threads each), each in a `Tree`, and return every rank's stdout; exit with the
+    failed ranks' stderr tails if one fails. Leaving (done, failed, timed out) kills every rank left."""
+    port = free_port()
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
+    with contextlib.ExitStack() as stack:
+        trees = []
+        for r in range(ranks):
+            where = ["--rank-worker", "--port", str(port), "--rank", str(r), "--world-size", str(ranks)]
+            trees.append(stack.enter_context(Tree([*argv, *where], env=env)))
+        outs = [t.proc.communicate(timeout=timeout) for t in trees]
+    failed = [
+        f"rank {r}:\n{err[-3000:]}"
+        for r, (t, (_, err)) in enumerate(zip(trees, outs, strict=True))
+        if t.proc.returncode
+    ]
+    if failed:
+        raise SystemExit(f"{' '.join(argv)} x{ranks} failed:\n" + "\n".join(failed))
+    return [out for out, _ in outs]

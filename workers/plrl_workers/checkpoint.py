@@ -4,9 +4,15 @@ Layout of `<root>/step-00000042/`:
 - `model/`: the weights in Hugging Face format plus the tokenizer files, so a generator (vLLM or
   the torch engine) can load the directory as a model;
 - the backend's own state (`optimizer.pt` for DDP; `deepspeed/` with per-rank ZeRO partitions);
-- `engine.json` (backend, version, world size), `rng/rank<r>.pt` (torch, CUDA and Python RNG state
-  of every rank), and `meta.json`: step, version, and an opaque JSON blob from the caller (the
-  coordinator's prompt accounting, data cursor...).
+- `engine.json` (backend, version, world size; for DeepSpeed also the ZeRO stage, tag and partition
+  files), `rng/rank<r>.pt` (torch, CUDA and Python RNG state of every rank), and `meta.json`: step,
+  version, and an opaque JSON blob from the caller (the coordinator's prompt accounting, data
+  cursor...).
+
+A checkpoint loads at any world size (an elastic restart: the trainers come back with another number
+of ranks): both backends restore the weights and the whole optimizer state exactly (DeepSpeed re-cuts
+its ZeRO partitions, `engines/zero_reshard.py`); ranks the checkpoint did not have keep their
+seeded RNG state.
 
 Saving is collective and atomic: every rank writes into `<root>/.tmp-step-00000042/`, then rank 0
 writes `meta.json` and renames the directory into place; a crash leaves only a `.tmp-` directory,

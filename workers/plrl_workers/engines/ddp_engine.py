@@ -6,7 +6,8 @@ Clipping uses `torch.nn.utils.clip_grad_norm_` on the reduced gradients (identic
 On CUDA with dtype bfloat16/float16 the forward runs under autocast; weights stay fp32.
 
 Checkpoint layout inside the directory `checkpoint.py` gives it: `model/` (HF `save_pretrained`,
-rank 0), `optimizer.pt` (rank 0: the optimizer state is replicated), `engine.json` (version).
+rank 0), `optimizer.pt` (rank 0: the optimizer state is replicated, so it holds all of it and loads
+at any world size: an elastic restart), `engine.json` (version, world size).
 
 Neighbours: `engines/base.py`, `engines/training.py`, `engines/deepspeed_engine.py`.
 """

@@ -18,9 +18,12 @@ Choices, each because the default would be wrong for us:
   defaults to `~/.cache/plrl/torch_extensions` so it is built once per machine.
 
 Checkpoints: `model/` (HF `save_pretrained`, rank 0, for generators), `deepspeed/` (DeepSpeed's own
-checkpoint: per-rank ZeRO optimizer partitions; resume needs the same world size), `engine.json`.
+checkpoint: per-rank ZeRO optimizer partitions), `engine.json` (version, world size, ZeRO stage,
+DeepSpeed tag, the partition files). At the world size that wrote it, DeepSpeed's own loader
+restores it; at another (the autoscaler's elastic restart), DeepSpeed loads the weights and
+`engines/zero_reshard.py` re-cuts the saved optimizer partitions for the new ranks, exactly.
 
-Neighbours: `engines/base.py`, `engines/training.py`, `engines/ddp_engine.py`.
+Neighbours: `engines/base.py`, `engines/training.py`, `engines/ddp_engine.py`, `engines/zero_reshard.py`.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plrl_workers.engines import training
+from plrl_workers.engines import training, zero_reshard
 
 _TAG = "state"
 
@@ -53,6 +56,24 @@ def _prepare_deepspeed_import() -> Any:
     if get_accelerator().device_name() == "cpu":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     return deepspeed
+
+
+def _saved_partitions(directory: pathlib.Path, meta: dict[str, Any]) -> list[pathlib.Path]:
+    """The ZeRO partition files of the checkpoint in `directory`, in saved-rank order; raise unless
+    every saved rank's is there."""
+    world = int(meta["world_size"])
+    if "partitions" not in meta:  # written before engine.json listed them: find them by DeepSpeed's names
+        return zero_reshard.partition_files(
+            directory / "deepspeed" / meta.get("tag", _TAG), str(directory), world
+        )
+    files = [directory / f for f in meta["partitions"]]
+    absent = [f.name for f in files if not f.is_file()]
+    if absent or len(files) != world:
+        raise ValueError(
+            f"checkpoint {directory}: written by {world} ranks, but of its ZeRO partition files "
+            f"{meta['partitions']} these are missing: {absent}; the optimizer state is incomplete"
+        )
+    return files
 
 
 class DeepSpeedEngine:
@@ -135,22 +156,40 @@ class DeepSpeedEngine:
         self._engine.save_checkpoint(str(directory / "deepspeed"), tag=_TAG, save_latest=False)
         if self._rank == 0:
             self._engine.module.save_pretrained(str(directory / "model"), safe_serialization=True)
-            (directory / "engine.json").write_text(
-                json.dumps({"backend": "deepspeed", "version": self._version, "world_size": self._world})
-            )
+            # DeepSpeed's save ends in a barrier, so every rank's partition file is there to list.
+            tag_dir = directory / "deepspeed" / _TAG
+            files = zero_reshard.partition_files(tag_dir, str(directory), self._world)
+            meta = {
+                "backend": "deepspeed",
+                "version": self._version,
+                "world_size": self._world,
+                "zero_stage": self._cfg.zero_stage,
+                "tag": _TAG,
+                "partitions": [str(f.relative_to(directory)) for f in files],
+            }
+            (directory / "engine.json").write_text(json.dumps(meta))
 
     def load_checkpoint(self, directory: pathlib.Path) -> None:
         meta = json.loads((directory / "engine.json").read_text())
-        if meta["world_size"] != self._world:
-            raise ValueError(
-                f"checkpoint {directory} was written by {meta['world_size']} DeepSpeed ranks; this run has "
-                f"{self._world} (ZeRO optimizer partitions need the same data-parallel size)"
-            )
+        tag = meta.get("tag", _TAG)  # checkpoints from before the elastic load did not record it
+        recut = None
+        if int(meta["world_size"]) != self._world:
+            # Read and re-cut before DeepSpeed loads anything: a checkpoint that does not fit is
+            # refused with the engine as it was.
+            files = _saved_partitions(directory, meta)
+            recut = zero_reshard.read(self._engine.optimizer, files, str(directory))
+        # DeepSpeed's loader refuses optimizer state from another DP size: across sizes it loads the
+        # weights and step counters only, and the re-cut partitions replace its fp32 copy after it.
         path, _ = self._engine.load_checkpoint(
-            str(directory / "deepspeed"), tag=_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+            str(directory / "deepspeed"),
+            tag=tag,
+            load_optimizer_states=recut is None,
+            load_lr_scheduler_states=False,
         )
         if path is None:
-            raise FileNotFoundError(f"{directory / 'deepspeed'}: no DeepSpeed checkpoint with tag {_TAG!r}")
+            raise FileNotFoundError(f"{directory / 'deepspeed'}: no DeepSpeed checkpoint with tag {tag!r}")
+        if recut is not None:
+            zero_reshard.install(self._engine.optimizer, recut)
         self._version = int(meta["version"])
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ across ranks or ZeRO-2's per-micro-batch reduce-scatter) into update differences
 which would force a loose tolerance; with eps=1e-4 the update is smooth in g and the backends can
 be compared at rounding level, so a wrong normalisation or a missed reduction shows at once.
 `--checkpoint RUNS --phase first|resume`: the resume scenario of test_checkpoint.py (see there).
+`--elastic-save RUNS` / `--elastic-load ROOTS`: the world-size change of test_elastic.py (see there).
 `--dtype bfloat16` trains in bf16 on CUDA (autocast for DDP, DeepSpeed's bf16 mode; test_cuda.py);
 saved parameters are always float32 on the CPU, so runs on any device compare directly.
 """
@@ -144,6 +145,69 @@ def run_checkpoint(model: str, run: str, phase: str, out: pathlib.Path) -> None:
     engine.close()
 
 
+ELASTIC_STEPS = 2
+"""Steps before the elastic checkpoint; the step after it is the one compared."""
+
+
+def optimizer_state(engine: base.TrainingEngine) -> dict[str, dict[str, torch.Tensor]]:
+    """Adam's state by parameter name, whole (collective for DeepSpeed, which holds a slice per rank)."""
+    from plrl_workers.engines import ddp_engine, deepspeed_engine
+
+    if isinstance(engine, ddp_engine.DDPEngine):
+        return {
+            name: {k: v.detach().cpu().clone() for k, v in engine._opt.state[p].items()}
+            for name, p in engine._model.named_parameters()
+        }
+    assert isinstance(engine, deepspeed_engine.DeepSpeedEngine)
+    from deepspeed.utils import safe_get_full_optimizer_state
+
+    zero = engine._engine.optimizer
+    (flat,) = zero.single_partition_of_fp32_groups  # the engines build one parameter group
+    step_t = zero.optimizer.state[flat]["step"]
+    # DeepSpeed's own (same-size) load leaves the per-parameter views of the state to the next step.
+    zero._lazy_init_hp_params_optimizer_state()
+    out = {}
+    for name, p in engine._engine.module.named_parameters():
+        out[name] = {k: safe_get_full_optimizer_state(p, k).cpu().clone() for k in ("exp_avg", "exp_avg_sq")}
+        out[name]["step"] = step_t.detach().cpu().clone()
+    return out
+
+
+def run_elastic_save(model: str, run: str, out: pathlib.Path) -> None:
+    """ELASTIC_STEPS steps, checkpoint into `<out>/elastic.<run>.w<W>`, one more step; writes the
+    whole optimizer state at the checkpoint and the parameters after the step (`<root>.pt`)."""
+    root = out / f"elastic.{run}.w{dist.get_world_size()}"
+    engine = engine_for(model, run)
+    train(engine, 0, ELASTIC_STEPS)
+    checkpoint.save(engine, root, ELASTIC_STEPS, tokenizer_from=model)
+    state = optimizer_state(engine)
+    train(engine, ELASTIC_STEPS, 1)
+    if dist.get_rank() == 0:
+        torch.save({"state": state, "params": params(engine)}, out / f"{root.name}.pt")
+    engine.close()
+
+
+def run_elastic_load(model: str, root: pathlib.Path, out: pathlib.Path) -> None:
+    """A fresh engine loads the latest checkpoint under `root` (`elastic.<run>.w<W>...`) at this run's
+    world size and takes the step after it; writes the loaded optimizer state and the parameters
+    after the step to `<out>/<root name>.to<W'>.pt`, or the load's error to `... .error.txt`."""
+    result = f"{root.name}.to{dist.get_world_size()}"
+    engine = engine_for(model, root.name.split(".")[1])
+    path = checkpoint.latest(root)
+    assert path is not None, root
+    try:
+        meta = checkpoint.load(engine, path)
+    except ValueError as err:
+        (out / f"{result}.error.txt").write_text(str(err))
+        engine.close()
+        return
+    state = optimizer_state(engine)
+    train(engine, meta.step, 1)
+    if dist.get_rank() == 0:
+        torch.save({"state": state, "params": params(engine)}, out / f"{result}.pt")
+    engine.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -152,6 +216,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--checkpoint", default="", help="comma-separated runs for the checkpoint scenario")
     ap.add_argument("--phase", choices=["first", "resume"], default="first")
+    ap.add_argument("--elastic-save", default="", help="comma-separated runs: K steps, checkpoint, 1 step")
+    ap.add_argument(
+        "--elastic-load", default="", help="comma-separated checkpoint roots (.../elastic.<run>.w<W>...)"
+    )
     ap.add_argument("--port", type=int, required=True, help="rank 0's rendezvous port on 127.0.0.1")
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world-size", type=int, required=True)
@@ -166,6 +234,10 @@ def main() -> None:
         run_train(args.model, run, args.steps, out, args.dtype)
     for run in filter(None, args.checkpoint.split(",")):
         run_checkpoint(args.model, run, args.phase, out)
+    for run in filter(None, args.elastic_save.split(",")):
+        run_elastic_save(args.model, run, out)
+    for root in filter(None, args.elastic_load.split(",")):
+        run_elastic_load(args.model, pathlib.Path(root), out)
     dist.destroy_process_group()
 
 

@@ -62,21 +62,46 @@ def launch_ranks(world_size: int, args: list[str], timeout: float = 600.0, devic
         raise AssertionError("worker ranks failed:\n" + "\n".join(outputs))
 
 
-# One 2-rank launch serves both test files: starting ranks (importing torch, transformers and
-# DeepSpeed) costs far more than the few steps each scenario trains.
+# One 2-rank launch serves the test files (and one 1-rank launch those that need one): starting ranks
+# (importing torch, transformers and DeepSpeed) costs far more than the few steps each scenario trains.
 TWO_RANK_TRAIN_RUNS = ("torch", "zero1", "zero2", "torch-clip", "zero1-clip")
 CHECKPOINT_RUNS = ("torch", "zero2")
+ELASTIC_RUNS = ("torch", "zero1", "zero2")
+
+
+def elastic_roots(out: pathlib.Path, world_size: int) -> str:
+    """The `--elastic-load` argument for the checkpoints `--elastic-save` wrote into `out`."""
+    return ",".join(str(out / f"elastic.{run}.w{world_size}") for run in ELASTIC_RUNS)
 
 
 @pytest.fixture(scope="session")
 def two_ranks(tiny_model_dir: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """Trained runs (`<run>.rank<r>.pt`) and the first checkpoint phase, from one set of 2 ranks."""
+    """Trained runs (`<run>.rank<r>.pt`), the first checkpoint phase and the elastic checkpoints
+    (`elastic.<run>.w2`), from one set of 2 ranks."""
     out = tmp_path_factory.mktemp("two-ranks")
     launch_ranks(
         2,
         [
             *("--model", str(tiny_model_dir), "--out", str(out)),
             *("--train", ",".join(TWO_RANK_TRAIN_RUNS), "--checkpoint", ",".join(CHECKPOINT_RUNS)),
+            *("--elastic-save", ",".join(ELASTIC_RUNS)),
+        ],
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def one_rank(
+    tiny_model_dir: pathlib.Path, two_ranks: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+) -> pathlib.Path:
+    """Trained runs at 1 rank, the elastic checkpoints `elastic.<run>.w1`, and `two_ranks`' elastic
+    checkpoints loaded at 1 rank (`elastic.<run>.w2.to1.pt`)."""
+    out = tmp_path_factory.mktemp("one-rank")
+    launch_ranks(
+        1,
+        [
+            *("--model", str(tiny_model_dir), "--out", str(out), "--train", "torch,zero2"),
+            *("--elastic-save", ",".join(ELASTIC_RUNS), "--elastic-load", elastic_roots(two_ranks, 2)),
         ],
     )
     return out

@@ -15,17 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.workers.engines.training import conftest
-
 pytestmark = pytest.mark.slow
 TOL = 1e-6
-
-
-@pytest.fixture(scope="module")
-def one_rank(tiny_model_dir: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    out = tmp_path_factory.mktemp("one-rank")
-    conftest.launch_ranks(1, ["--model", str(tiny_model_dir), "--out", str(out), "--train", "torch,zero2"])
-    return out
 
 
 def _load(d: pathlib.Path, run: str, rank: int = 0) -> dict[str, Any]:
