@@ -75,15 +75,26 @@ class Paths(_Model):
     checkpoint directory (on the checkpoint volume, so the records outlive the pods)."""
 
 
+PodPlan = plan.PodPlan  # by this name too: the field `plan` below hides the module in the class body
+
+
 class WorkerConfig(_Model):
     role: names.Role
     job: JobRef
     spec: spec_mod.JobSpec
     """The fully defaulted spec (without `suspend`: suspending is the controller's business, and
     leaving it out keeps a suspend/resume from changing the file and rolling the pods)."""
-    plan: plan.PodPlan
+    plan: PodPlan | None = None
+    """Trainers only: pods and accelerators per role (their world size). Generators get none, so
+    their file, and with it their pods, stays the same when I changes."""
     endpoints: Endpoints
     paths: Paths
+
+    def pods(self) -> PodPlan:
+        """The pod plan; only a trainer's config has one."""
+        if self.plan is None:
+            raise ValueError(f"the {self.role} config has no pod plan (only trainers' configs do)")
+        return self.plan
 
 
 def build(
@@ -99,7 +110,7 @@ def build(
         role=role,
         job=JobRef(name=job.metadata.name, namespace=job.metadata.namespace, uid=job.metadata.uid),
         spec=spec,
-        plan=pod_plan,
+        plan=pod_plan if role == names.TRAINER else None,
         endpoints=endpoints,
         paths=paths,
     )

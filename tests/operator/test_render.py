@@ -134,13 +134,20 @@ def test_replicas_follow_i_and_gpus_per_pod(generators: int, gen_pods: int, trai
     objects = render.render(_example(), generators)  # N=16, 1 GPU per generator, 2 per trainer
     assert _sts(objects, "generator")["spec"]["replicas"] == gen_pods
     assert _sts(objects, "trainer")["spec"]["replicas"] == train_pods
-    # Every worker reads the same plan: the trainers' world size is N - I.
-    cfg = _worker_config(objects, "trainer")
-    assert (cfg.plan.trainer_pods, cfg.plan.trainer_gpus, cfg.plan.generator_pods) == (
-        train_pods,
-        16 - generators,
-        gen_pods,
-    )
+    # The trainers read the plan: their world size is N - I. Generators need none.
+    pods = _worker_config(objects, "trainer").pods()
+    assert (pods.trainer_pods, pods.trainer_gpus) == (train_pods, 16 - generators)
+    assert pods.generator_pods == gen_pods
+    assert _worker_config(objects, "generator").plan is None
+
+
+def test_a_change_of_i_rolls_the_trainers_and_leaves_the_generators_alone() -> None:
+    # What the autoscaler relies on: generator pods that stay are not restarted when I changes.
+    six, eight = render.render(_example(), 6), render.render(_example(), 8)
+    gen6, gen8 = _sts(six, "generator")["spec"], _sts(eight, "generator")["spec"]
+    assert gen6["template"] == gen8["template"]
+    assert (gen6["replicas"], gen8["replicas"]) == (6, 8)
+    assert _sts(six, "trainer")["spec"]["template"] != _sts(eight, "trainer")["spec"]["template"]
 
 
 def test_suspend_scales_both_to_zero_and_changes_only_replicas() -> None:

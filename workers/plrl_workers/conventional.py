@@ -55,7 +55,7 @@ def run(cfg: worker_config.WorkerConfig, ident: identity.Identity, ranks: traine
 
 def main(cfg: worker_config.WorkerConfig, ident: identity.Identity, argv: list[str]) -> int:
     """The trainer role when `pipeline.mode` is conventional (`plrl-worker --role trainer`)."""
-    gpus = cfg.plan.gpus_per_trainer
+    gpus = cfg.pods().gpus_per_trainer
     if ident.local_rank is None and gpus > 1:
         return trainer.spawn_local_ranks(argv, gpus)
     ranks = trainer.RankInfo.of(cfg, ident)

@@ -75,7 +75,7 @@ class Target:
 def local_process_name(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> str:
     """How `plrl run` names this process: `trainer-<rank>` or `generator-<index>`."""
     if cfg.role == names.TRAINER:
-        return names.local_process(names.TRAINER, ident.rank(cfg.plan.gpus_per_trainer))
+        return names.local_process(names.TRAINER, ident.rank(cfg.pods().gpus_per_trainer))
     return names.local_process(names.GENERATOR, ident.pod_index)
 
 

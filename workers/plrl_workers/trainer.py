@@ -66,8 +66,8 @@ class RankInfo:
     @staticmethod
     def of(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> RankInfo:
         return RankInfo(
-            rank=ident.rank(cfg.plan.gpus_per_trainer),
-            world_size=cfg.plan.trainer_gpus,
+            rank=ident.rank(cfg.pods().gpus_per_trainer),
+            world_size=cfg.pods().trainer_gpus,
             local_rank=ident.local_rank or 0,
         )
 
@@ -485,7 +485,7 @@ def spawn_local_ranks(argv: list[str], gpus: int) -> int:
 
 def main(cfg: worker_config.WorkerConfig, ident: identity.Identity, argv: list[str]) -> int:
     """The trainer role (`plrl-worker --role trainer`; `argv` is what this process was started with)."""
-    gpus = cfg.plan.gpus_per_trainer
+    gpus = cfg.pods().gpus_per_trainer
     if ident.local_rank is None and gpus > 1:
         return spawn_local_ranks(argv, gpus)
     ranks = RankInfo.of(cfg, ident)

@@ -33,12 +33,16 @@ def render(
     """
     pod_plan = plan.PodPlan.of(job.spec, generators)
     cm = config.config_map(job, pod_plan)
-    config_hash = common.content_hash(cm["data"])
     objects: list[dict[str, Any]] = [cm, config.token_secret(job, token)]
     if job.spec.resources.service_account_name is None:
         objects += config.worker_rbac(job)
     objects += [workers.service(job, role) for role in names.ROLES]
-    objects += [workers.statefulset(job, pod_plan, role, config_hash, stopped) for role in names.ROLES]
+    # Each role's pods roll only when their own config changes: a change of I rewrites the trainers'
+    # (their world size) but not the generators', so adding or removing generators restarts none.
+    objects += [
+        workers.statefulset(job, pod_plan, role, common.content_hash(cm["data"][f"{role}.json"]), stopped)
+        for role in names.ROLES
+    ]
     # The Secret is create-only (see render.config); a digest of the token would only leak.
     return [
         obj
