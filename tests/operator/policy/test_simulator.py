@@ -159,3 +159,16 @@ def test_simulate_cli_rejects_bad_sizes(capsys: pytest.CaptureFixture[str]) -> N
     assert simulate_cli.main(["-N", "8,0", "--png", ""]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "GPU counts must be positive" in err
+
+
+def test_when_a_change_costs_more_than_it_can_win_back_the_autoscaler_stops_changing() -> None:
+    # Each change pauses the run for 30% of a decision period (20 steps): after the first change has
+    # shown that cost, a step must gain over 43% to pay for itself, and +25% (8 -> 10) does not.
+    cfg = _cfg(steps=200)
+    per_step = simulator.simulate_pipeline(cfg, generators=8, concurrency=192).records[-1].time / 200
+    policy = autoscaler.Policy(n_gpus=128)
+    free = simulator.simulate_pipeline(cfg, generators=8, concurrency=192, policy=policy)
+    costly_cfg = dataclasses.replace(cfg, rescale_flashes=0.3 * 20 * per_step)
+    costly = simulator.simulate_pipeline(costly_cfg, generators=8, concurrency=192, policy=policy)
+    assert len(free.decisions) > 3
+    assert len(costly.decisions) == 1
