@@ -391,13 +391,16 @@ class Controller:
                     elif group:  # the first trainer decision restarts the whole group
                         self._restart(d, list(group))
                         group = ()
-                if self.autoscaler is not None and not verdict.decisions:
-                    self._autoscale(rows)
                 self.peak.sample(self.sup)
                 step = rows[-1].step if rows else None
                 if step != self._step:
                     self.progress.append((round(time.monotonic() - self._t0, 3), step))
                 self._step = step
+                if self.autoscaler is not None and not verdict.decisions:
+                    # A fault due at this step must hit the process it was meant for, not its successor.
+                    if self.faults is not None:
+                        self._inject(self.faults.due(step, time.monotonic() - self._t0))
+                    self._autoscale(rows)
                 next_look = time.monotonic() + LOOK_EVERY_S
             time.sleep(self._tick())
 
@@ -444,9 +447,13 @@ class Controller:
             self._resize_cost_from = None
         d = self.autoscaler.look(rows, plan_now.generator_gpus, caps, self.resize_cost_s)
         if d is not None:
-            self._resize_cost_from = (time.monotonic(), self.autoscaler.high_water)
-            self.resized_at.append(round(time.monotonic() - self._t0, 3))
+            began = time.monotonic()
+            self.resized_at.append(round(began - self._t0, 3))
             self._resize(d.generators, d.reason)
+            # The old trainers may finish the step they were on while stopping: the change is paid
+            # for once the new ones pass whatever the old ones reached.
+            last = report.read_records(self.launch.run_dir)
+            self._resize_cost_from = (began, max([self.autoscaler.high_water, *(r.step for r in last[-1:])]))
             self.autoscaler.write(self.launch.run_dir, self.resized_at, self.resize_cost_s)
 
     def _resize(self, generator_gpus: int, reason: str) -> None:
