@@ -105,6 +105,12 @@ class StepRecord(pydantic.BaseModel):
         default_factory=dict, description="Further loss, lag and advantage diagnostics, by name."
     )
 
+    @property
+    def completion_tokens_per_busy_second(self) -> float | None:
+        """The trainers' capacity as the autoscaler reads it: what they would train if never kept
+        waiting for rollouts (None: the step had no busy time to divide by)."""
+        return self.completion_tokens / self.busy_s if self.busy_s > 0 else None
+
     def to_json(self) -> str:
         """One line of `metrics.jsonl` (non-finite numbers become null, so every line is valid JSON)."""
         return json.dumps(_json_safe(self.model_dump(mode="python")), separators=(",", ":"))

@@ -24,4 +24,4 @@ SLOW_GENERATOR = "SlowGenerator"  # part of a slow generator's work moved to its
 NODE_NOT_READY = "NodeNotReady"  # a worker's node stayed NotReady: its pod is force-deleted to move it
 WORKER_RESTARTED = "WorkerRestarted"  # a worker failed and was restarted (counts against maxRestarts)
 JOB_FAILED = "JobFailed"  # a worker failed with maxRestarts used up; workers scaled to zero
-AUTOSCALE_NOT_APPLIED = "AutoscaleNotApplied"  # autoscale.enabled, but live rescaling is not built
+RESCALED = "Rescaled"  # the autoscaler changed I (the message gives the rates and the reason)

@@ -40,11 +40,11 @@ from typing import Any
 
 import kopf
 
-from plrl_api import names
+from plrl_api import names, plan
 from plrl_api import spec as spec_mod
-from plrl_operator import admission, certs, events, k8s, metrics, phases, render, status
+from plrl_operator import admission, autoscaling, certs, events, k8s, metrics, phases, render, status
 from plrl_operator import settings as settings_mod
-from plrl_operator.policy import decide, health
+from plrl_operator.policy import decide, health, types
 
 LOG = logging.getLogger("plrl_operator")
 GROUP, VERSION, PLURAL = spec_mod.API_GROUP, spec_mod.API_VERSION, spec_mod.PLURAL
@@ -271,6 +271,21 @@ async def _reconcile_locked(
         verdict = decide.decide(job.spec, observed, status.history(previous))
         # A job that ended keeps its objects (ConfigMap, checkpoints' PVCs) but no running pods.
         stopped = verdict.history.outcome is not None
+        scaler = _autoscaler(memo, job, generators, children, previous) if not stopped else None
+        change = None
+        if scaler is not None and trigger == "timer":
+            pod_plan = plan.PodPlan.of(job.spec, generators)
+            caps = status.capacities(children, job.metadata.name, pod_plan)
+            change = scaler.look(pod_plan, caps, time.time()) if caps is not None else None
+            if change is not None:
+                assert caps is not None
+                scaler.applied(time.time(), caps.step)
+                generators = change.generators
+                # Recorded before it is carried out: a restarted operator renders the new I from status.
+                previous = await _write_status(
+                    body, job, generators, children, previous, verdict.history, scaler.to_status()
+                )
+                force_sync = True
         if force_sync or _drifted(job, generators, stopped, children, memo):
             written, applied = await asyncio.to_thread(_sync, job, generators, stopped)
             memo["applied"] = applied
@@ -283,7 +298,11 @@ async def _reconcile_locked(
                     )
         # The decision is recorded (status) before it is carried out, so a restarted operator
         # finds it and neither forgets nor counts it again (`decide.Restart.repeat`).
-        await _write_status(body, job, generators, children, previous, verdict.history)
+        await _write_status(
+            body, job, generators, children, previous, verdict.history, scaler.to_status() if scaler else None
+        )
+        if change is not None:
+            await _rescale_trainers(body, job, change, children)
         _post_decisions(body, verdict.decisions)
         _post_migrations(body, memo, children)
         await _replace(body, job, verdict.decisions, observed.workers)
@@ -323,17 +342,20 @@ async def _write_status(
     children: status.Children,
     previous: status.JobStatus,
     decided: decide.History,
-) -> None:
+    autoscaler: status.AutoscalerStatus | None = None,
+) -> status.JobStatus:
+    """Write the status the job should have now (if it differs); returns it."""
     now = datetime.datetime.now(datetime.UTC)
-    new = status.compute_status(job, generators, children, previous, now, decided)
+    new = status.compute_status(job, generators, children, previous, now, decided, autoscaler)
     ns, name = job.metadata.namespace or "default", job.metadata.name
     _PHASES[(ns, name)] = str(new.phase)
     _update_phase_gauge()
     if not status.changed(previous, new):
-        return
+        return new
     await asyncio.to_thread(client().patch_status, ns, name, status.patch(new))
     metrics.STATUS_WRITES.inc()
     _post_transitions(body, previous, new)
+    return new
 
 
 def _post_transitions(body: kopf.Body, old: status.JobStatus, new: status.JobStatus) -> None:
@@ -416,6 +438,48 @@ async def _replace(
         await asyncio.to_thread(client().delete_pod, ns, pod, 0, uids.get(pod))
 
 
+def _autoscaler(
+    memo: kopf.Memo,
+    job: spec_mod.PipelineRLJob,
+    generators: int,
+    children: status.Children,
+    previous: status.JobStatus,
+) -> autoscaling.JobAutoscaler | None:
+    """The job's autoscaler (kept in its memo), or None when the job does not autoscale."""
+    pipeline = job.spec.pipeline
+    if not pipeline.autoscale.enabled or pipeline.mode is not spec_mod.PipelineMode.PIPELINE:
+        memo.pop("autoscaler", None)
+        return None
+    scaler: autoscaling.JobAutoscaler | None = memo.get("autoscaler")
+    if scaler is None:
+        caps = status.capacities(children, job.metadata.name, plan.PodPlan.of(job.spec, generators))
+        scaler = autoscaling.JobAutoscaler.restore(job.spec, previous.autoscaler, caps.step if caps else 0)
+        memo["autoscaler"] = scaler
+    return scaler
+
+
+async def _rescale_trainers(
+    body: kopf.Body, job: spec_mod.PipelineRLJob, change: types.Decision, children: status.Children
+) -> None:
+    """Carry out a change of I: the StatefulSets already have their new replicas (generators join or
+    leave on their own: a leaving one's leases go back to the queue when its streams end); the
+    trainers' world size changed, so every trainer pod of the old size is replaced at once and the
+    new group resumes from the latest checkpoint (a checkpoint of any world size loads). Deleting
+    them one by one, as a rolling update would, leaves a group that can never meet."""
+    kopf.info(
+        body,
+        reason=events.RESCALED,
+        message=f"{autoscaling.describe(change)}; trainer pods restart with the new world size from their "
+        "latest checkpoint",
+    )
+    ns = job.metadata.namespace or "default"
+    for pod in children.pods:
+        meta = pod["metadata"]
+        trainer = meta.get("labels", {}).get(names.LABEL_ROLE) == names.TRAINER
+        if trainer and not meta.get("deletionTimestamp"):
+            await asyncio.to_thread(client().delete_pod, ns, str(meta["name"]), 0, meta.get("uid"))
+
+
 def _entered(
     old: status.JobStatus, new: status.JobStatus, kind: str, state: Callable[[status.Condition], bool]
 ) -> status.Condition | None:
@@ -436,13 +500,6 @@ def _update_phase_gauge() -> None:
 
 
 async def on_create(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    if body.get("spec", {}).get("pipeline", {}).get("autoscale", {}).get("enabled"):
-        kopf.warn(
-            body,
-            reason=events.AUTOSCALE_NOT_APPLIED,
-            message="spec.pipeline.autoscale.enabled: the operator does not rescale running jobs yet; "
-            "I stays at its initial value",
-        )
     await _reconcile("create", body, memo, _children(body, kwargs))
 
 

@@ -62,6 +62,23 @@ class Condition(_Model):
     observed_generation: int | None = Field(default=None, description="Job generation this was computed for.")
 
 
+class AutoscalerStatus(_Model):
+    """What the operator's autoscaler remembers across its looks and its own restarts."""
+
+    state: dict[str, Any] = Field(
+        default_factory=dict, description="The policy's state (last look, last change, pending reversal)."
+    )
+    changes: int = Field(default=0, ge=0, description="Changes of I made so far.")
+    last_change: str | None = Field(default=None, description="The last change of I and why it was made.")
+    last_change_cost_seconds: float | None = Field(
+        default=None, description="What the last change cost: seconds until training passed its step."
+    )
+    timing_since: float | None = Field(
+        default=None, description="Unix time of a change whose cost is still being timed."
+    )
+    timing_step: int | None = Field(default=None, description="The step training must pass to end it.")
+
+
 class JobStatus(_Model):
     """`status` of a PipelineRLJob, written by the operator only."""
 
@@ -86,6 +103,9 @@ class JobStatus(_Model):
     replacing: list[str] = Field(
         default_factory=list,
         description="Uids of hung pods the operator is replacing (deleting); each counted once.",
+    )
+    autoscaler: AutoscalerStatus | None = Field(
+        default=None, description="The autoscaler's memory (spec.pipeline.autoscale.enabled only)."
     )
     conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
     observed_generation: int | None = Field(default=None, description="Job generation last reconciled.")
@@ -380,6 +400,38 @@ def observation(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Capacities:
+    """What the current pods report for the autoscaler (`records.WorkerReport.capacity_tokens_per_second`)."""
+
+    step: int
+    """Optimizer steps trainer rank 0 reports done."""
+    trainers: float | None
+    """The trainers' completion tokens per busy second in that step (None: not reported)."""
+    generators: tuple[float | None, ...]
+    """Each generator pod's tokens per decoding second, in pod order (None: not reported yet)."""
+
+
+def capacities(children: Children, job_name: str, pod_plan: plan.PodPlan) -> Capacities | None:
+    """The current pods' capacities, or None while trainer rank 0 reports no progress. Only Leases of
+    current pods count: a pod that left must not speak for the I in effect now."""
+    reports: dict[str, records.WorkerReport] = {}
+    for lease in _current_leases(children):
+        report = records.parse_annotations(lease.get("metadata", {}).get("annotations", {}))
+        if report is not None:
+            reports[str((lease.get("spec") or {}).get("holderIdentity") or "")] = report
+    child = names.Names(job_name)
+    rank0 = reports.get(child.pod(names.TRAINER, 0))
+    if rank0 is None or rank0.progress is None:
+        return None
+    gens = [reports.get(child.pod(names.GENERATOR, k)) for k in range(pod_plan.generator_pods)]
+    return Capacities(
+        step=rank0.progress.step,
+        trainers=rank0.capacity_tokens_per_second,
+        generators=tuple(None if g is None else g.capacity_tokens_per_second for g in gens),
+    )
+
+
 def _current_leases(children: Children) -> list[dict[str, Any]]:
     """The Leases renewed by a current pod (after it was created). Only these speak for the job (it
     finished, a generator is slow): a report left over from an earlier pod or job must not act on
@@ -485,10 +537,12 @@ def compute_status(
     previous: JobStatus,
     now: datetime.datetime,
     decided: decide.History | None = None,
+    autoscaler: AutoscalerStatus | None = None,
 ) -> JobStatus:
     """The status the job should have now; equal to `previous` when nothing changed.
 
     `decided` is the policy's history after this look (`policy.decide`); None keeps the previous.
+    So does `autoscaler` None.
     """
     decided = history(previous) if decided is None else decided
     stamp = now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -555,6 +609,7 @@ def compute_status(
         restarts=decided.restarts,
         counted_restarts=dict(decided.counted),
         replacing=sorted(decided.replacing),
+        autoscaler=autoscaler if autoscaler is not None else previous.autoscaler,
         conditions=conditions,
         observed_generation=gen,
         start_time=start,

@@ -129,9 +129,7 @@ def trainer_report(
         utilisation=min(1.0, record.busy_s / record.step_s)
         if record is not None and record.step_s > 0
         else None,
-        capacity_tokens_per_second=record.completion_tokens / record.busy_s
-        if record is not None and record.busy_s > 0
-        else None,
+        capacity_tokens_per_second=None if record is None else record.completion_tokens_per_busy_second,
         progress=records.progress(
             record,
             step=step,

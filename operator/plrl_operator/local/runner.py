@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import functools
 import json
 import logging
 import os
@@ -338,11 +337,6 @@ class Controller:
         self._step: int | None = None  # the latest trained step seen
         self.restarts: list[dict[str, object]] = []
         """Each restart: seconds since the processes started, the worker, the policy's reason."""
-        self.resized_at: list[float] = []
-        """When each change of I was made, seconds since the processes started."""
-        self.resize_cost_s: float | None = None
-        """What the last change of I cost: seconds until training passed the step it had reached."""
-        self._resize_cost_from: tuple[float, int] | None = None  # (when, step) of a change being timed
         self.progress: list[tuple[float, int | None]] = []
         """(seconds since the processes started, latest step) at every change the runner saw."""
         spec = launch.job.spec
@@ -441,20 +435,15 @@ class Controller:
         gens = [names.local_process(names.GENERATOR, k) for k in range(plan_now.generator_pods)]
         leases = [_lease(self.launch.run_dir, n) for n in gens]
         caps = [x.report.capacity_tokens_per_second if x and x.report else None for x in leases]
-        if self._resize_cost_from is not None and rows and rows[-1].step > self._resize_cost_from[1]:
-            # Training is past the step it had reached when the last change began: that is its cost.
-            self.resize_cost_s = time.monotonic() - self._resize_cost_from[0]
-            self._resize_cost_from = None
-        d = self.autoscaler.look(rows, plan_now.generator_gpus, caps, self.resize_cost_s)
+        d = self.autoscaler.look_at(rows, plan_now.generator_gpus, caps, time.monotonic() - self._t0)
         if d is not None:
-            began = time.monotonic()
-            self.resized_at.append(round(began - self._t0, 3))
+            began = time.monotonic() - self._t0
             self._resize(d.generators, d.reason)
             # The old trainers may finish the step they were on while stopping: the change is paid
             # for once the new ones pass whatever the old ones reached.
             last = report.read_records(self.launch.run_dir)
-            self._resize_cost_from = (began, max([self.autoscaler.high_water, *(r.step for r in last[-1:])]))
-            self.autoscaler.write(self.launch.run_dir, self.resized_at, self.resize_cost_s)
+            self.autoscaler.applied(began, max((r.step for r in last[-1:]), default=0))
+            self.autoscaler.write(self.launch.run_dir)
 
     def _resize(self, generator_gpus: int, reason: str) -> None:
         """Change I: generators leave (SIGTERM) or join, and the trainers restart from the latest
@@ -464,9 +453,9 @@ class Controller:
         old = self.launch.pod_plan
         new = plan.PodPlan.of(self.launch.job.spec, generator_gpus)
         print(f"{reason}; {old.trainer_gpus} -> {new.trainer_gpus} trainer rank(s)", flush=True)
-        gen = functools.partial(names.local_process, names.GENERATOR)
-        leaving = [gen(k) for k in range(new.generator_pods, old.generator_pods)]
-        trainers = [names.local_process(names.TRAINER, r) for r in range(old.trainer_gpus)]
+        trainers = process_names(old, names.TRAINER)
+        kept = process_names(new, names.GENERATOR)
+        leaving = [n for n in process_names(old, names.GENERATOR) if n not in kept]
         if self.faults is not None:  # as after a failover restart: new processes start free of faults
             for name in [*leaving, *trainers]:
                 self._inject(self.faults.forget(name))
@@ -476,7 +465,7 @@ class Controller:
         self.sup.remove([*leaving, *trainers])
         self.launch.pod_plan = new
         self.launch.gpus = devices.placements(new, devices.visible_gpus())
-        staying = {gen(k) for k in range(min(old.generator_pods, new.generator_pods))}
+        staying = set(kept) & set(process_names(old, names.GENERATOR))
         for spec in self.launch.specs():
             if spec.role == names.TRAINER:
                 self.sup.start(spec, restarts=restarts.get(spec.name, 0))
@@ -514,11 +503,13 @@ class PeakMemory:
         self.peak_bytes = max(self.peak_bytes, total)
 
 
-def process_names(pod_plan: plan.PodPlan) -> list[str]:
-    """The names `process_specs` gives the job's processes."""
-    return [names.local_process(names.TRAINER, r) for r in range(pod_plan.trainer_gpus)] + [
-        names.local_process(names.GENERATOR, k) for k in range(pod_plan.generator_pods)
-    ]
+def process_names(pod_plan: plan.PodPlan, role: names.Role | None = None) -> list[str]:
+    """The names `process_specs` gives the job's processes (of one `role`, if given)."""
+    trainers = [names.local_process(names.TRAINER, r) for r in range(pod_plan.trainer_gpus)]
+    generators = [names.local_process(names.GENERATOR, k) for k in range(pod_plan.generator_pods)]
+    if role is None:
+        return trainers + generators
+    return trainers if role == names.TRAINER else generators
 
 
 def run(
@@ -600,11 +591,11 @@ def run(
         for kind in chaos_report.by_kind(chaos_report.fault_costs(doc)):
             print(f"chaos: {kind.line()}")
     if controller.autoscaler is not None:
-        controller.autoscaler.write(run_dir, controller.resized_at, controller.resize_cost_s)
+        controller.autoscaler.write(run_dir)
         print(f"{controller.autoscaler.summary()}; see {run_dir / autoscaling.DECISIONS_FILE}")
-        if controller.resize_cost_s is not None:
+        if (cost := controller.autoscaler.cost_s) is not None:
             print(
-                f"autoscaler: the last change of I cost {controller.resize_cost_s:.1f} s (from the decision "
+                f"autoscaler: the last change of I cost {cost:.1f} s (from the decision "
                 "until training passed the step it had reached)"
             )
     rows = report.read_records(run_dir)

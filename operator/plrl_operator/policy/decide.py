@@ -206,12 +206,19 @@ def trainer_group(decisions: tuple[Decision, ...], workers: tuple[Worker, ...]) 
 
 def current_generators(spec: spec_mod.JobSpec, in_effect: int | None) -> int:
     """I to run with: the spec's, else the one in effect (status), else the planner's initial one.
+    With autoscaling on, the spec's I is only the initial one: the one in effect wins while it
+    still tiles and lies within [minGenerators, maxGenerators].
 
     Conventional mode has no generator accelerators (every one trains and generates).
     """
     if spec.pipeline.mode is spec_mod.PipelineMode.CONVENTIONAL:
         return 0
-    if spec.pipeline.generators is not None:
+    scale = spec.pipeline.autoscale
+    if scale.enabled and in_effect is not None:
+        top = scale.max_generators if scale.max_generators is not None else spec.resources.total_gpus - 1
+        if not scale.min_generators <= in_effect <= top:
+            in_effect = None  # the bounds changed under it: start again from the spec
+    elif spec.pipeline.generators is not None:
         return spec.pipeline.generators
     if in_effect is not None:
         try:
@@ -219,4 +226,6 @@ def current_generators(spec: spec_mod.JobSpec, in_effect: int | None) -> int:
             return in_effect
         except plan.PlanError:
             pass  # N or GPUs per pod changed so that the old I no longer tiles
+    if spec.pipeline.generators is not None:
+        return spec.pipeline.generators
     return planner.initial_generators(spec)

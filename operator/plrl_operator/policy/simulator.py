@@ -101,6 +101,13 @@ def _window_throughput(records: list[StepRecord], first: int) -> float:
     return sum(r.tokens for r in records[first:]) / dt if dt > 0 else 0.0
 
 
+def _recent_step_time(records: list[StepRecord], k: int) -> float:
+    """Mean time per step over the last `k` records (fewer at the start, timed from 0)."""
+    first = max(len(records) - k, 0)
+    t0 = records[first - 1].time if first else 0.0
+    return (records[-1].time - t0) / (len(records) - first)
+
+
 def simulate_conventional(cfg: SimConfig, steps_per_round: int) -> SimResult:
     rng = random.Random(cfg.seed)
     n, b, g = cfg.n_gpus, cfg.batch_size, steps_per_round
@@ -267,8 +274,7 @@ def simulate_pipeline(
                     train_tokens_per_s=(cfg.n_gpus - sim.generators) / cfg.tau * jitter(),
                 )
             )
-            recent = records[-10:]
-            per_step = (recent[-1].time - (records[-11].time if len(records) > 10 else 0.0)) / len(recent)
+            per_step = _recent_step_time(records, 10)
             # A change pauses everything `rescale_flashes`: what the last one cost, once there was one.
             cost = cfg.rescale_flashes if decisions and cfg.rescale_flashes > 0 else None
             obs = types.Observation(sim.version, sim.generators, tuple(samples), per_step, cost)

@@ -28,7 +28,7 @@ import psutil
 import pytest
 import yaml
 
-from plrl_api import records
+from plrl_api import names, records
 from plrl_operator.local import report
 from tests.infra import demo, tools
 
@@ -134,6 +134,21 @@ class Tiny:
             "get", "pods", "-n", self.namespace, "-l", f"pipelinerl.io/job={self.name}", "-o", "json"
         )
         return list(json.loads(out.stdout)["items"])
+
+    def uids(self, role: str) -> dict[str, str]:
+        """The uid of each of its pods of `role`, by pod name (a replaced pod has a new one)."""
+        return {
+            str(p["metadata"]["name"]): str(p["metadata"]["uid"])
+            for p in self.pods()
+            if p["metadata"]["labels"][names.LABEL_ROLE] == role
+        }
+
+    def events(self, reason: str) -> list[str]:
+        """The messages of this namespace's Events with `reason`."""
+        out = self.kubectl(
+            "get", "events", "-n", self.namespace, "--field-selector", f"reason={reason}", "-o", "json"
+        )
+        return [str(ev["message"]) for ev in json.loads(out.stdout)["items"]]
 
     def log_tails(self, lines: int = 25) -> str:
         """The last lines of every container log of this namespace's pods (the node agent's files)."""

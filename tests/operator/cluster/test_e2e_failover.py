@@ -42,8 +42,6 @@ names the worker, how it ended and the budget.
 from __future__ import annotations
 
 import contextlib
-import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -53,7 +51,7 @@ from kubernetes import client
 
 from plrl_api import names
 from tests.infra import nodes, tools
-from tests.operator.cluster import e2e, support
+from tests.operator.cluster import e2e, pod_processes, support
 from tests.operator.cluster.support import eventually
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -68,26 +66,6 @@ def _job(tiny: Callable[..., e2e.Tiny], steps: int, **spec: object) -> e2e.Tiny:
     return tiny(
         training=training, heartbeat={"intervalSeconds": INTERVAL_S, "timeoutSeconds": TIMEOUT_S}, **spec
     )
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
-
-
-def _worker_process(namespace: str, pod: str) -> psutil.Process:
-    """The pod's worker process, found by the identity the pod gives it (downward API env)."""
-    for p in psutil.process_iter(["cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            argv = " ".join(p.info["cmdline"] or [])
-            if "plrl-worker" not in argv and "plrl_workers" not in argv:
-                continue
-            env = p.environ()
-            if env.get(names.ENV_POD_NAME) == pod and env.get(names.ENV_NAMESPACE) == namespace:
-                return p
-    raise LookupError(f"no worker process for pod {namespace}/{pod}")
 
 
 def _training(tiny: Callable[..., e2e.Tiny], steps: int) -> e2e.Tiny:
@@ -110,7 +88,7 @@ def _hung_generator(job: e2e.Tiny, namespace: str) -> Iterator[tuple[str, Callab
     out if it is still there; yields its pod's name and `replaced()`: the pod has a new uid now."""
     (gen,) = [p for p in job.pods() if p["metadata"]["labels"][names.LABEL_ROLE] == names.GENERATOR]
     pod, uid = gen["metadata"]["name"], gen["metadata"]["uid"]
-    hung = _worker_process(namespace, pod)
+    hung = pod_processes.worker_process(namespace, pod)
 
     def replaced() -> bool:
         return all(p["metadata"]["uid"] != uid for p in job.pods() if p["metadata"]["name"] == pod)
@@ -137,7 +115,7 @@ def test_a_hung_generator_is_replaced_and_the_job_succeeds(
     assert detected_s <= bound
 
     _succeeds(job, steps, restarts=1)
-    messages = _events(kubectl, namespace, "WorkerRestarted")
+    messages = job.events("WorkerRestarted")
     assert any(f"generator {pod} stopped responding: no heartbeat for" in m for m in messages), messages
     _accounted(job, steps)
 
@@ -157,7 +135,7 @@ def test_an_operator_restarted_mid_incident_neither_forgets_nor_repeats_the_repl
     # judged from memory would find the new pod's Lease stale and charge the same failure again.
     operator.restart()
     _succeeds(job, steps, restarts=1)
-    messages = _events(kubectl, namespace, "WorkerRestarted")
+    messages = job.events("WorkerRestarted")
     assert len(messages) == 1 and messages[0].startswith(f"generator {pod} stopped responding"), messages
     deletes = [w for w in operator.writes_to(namespace, since_start=restarted_from) if "DELETE" in w]
     assert len(deletes) == 1 and f"/pods/{pod}" in deletes[0], deletes  # one delete, by the first successor
@@ -176,28 +154,15 @@ def test_killed_generator_and_trainer_processes_are_restarted_and_the_job_succee
     job = _job(tiny, steps)
     job.apply()
     job.watch("Succeeded", timeout_s=240, stop_at_step=4)
-    _worker_process(namespace, _pod_name(job, names.GENERATOR)).kill()
+    pod_processes.worker_process(namespace, _pod_name(job, names.GENERATOR)).kill()
     job.watch("Succeeded", timeout_s=240, stop_at_step=12)
-    _worker_process(namespace, _pod_name(job, names.TRAINER)).kill()
+    pod_processes.worker_process(namespace, _pod_name(job, names.TRAINER)).kill()
 
     _succeeds(job, steps, restarts=2)
     logs = job.log_tails(400)
     assert "resumed from /checkpoints: step" in logs, logs
     assert "the coordinator is gone" in logs and "reconnecting" in logs, logs
     _accounted(job, steps)
-
-
-def _events(kubectl: tools.Tool, namespace: str, reason: str) -> list[str]:
-    out = kubectl("get", "events", "-n", namespace, "--field-selector", f"reason={reason}", "-o", "json")
-    return [str(e["message"]) for e in json.loads(out.stdout)["items"]]
-
-
-def _uids(job: e2e.Tiny, role: str) -> dict[str, str]:
-    return {
-        str(p["metadata"]["name"]): str(p["metadata"]["uid"])
-        for p in job.pods()
-        if p["metadata"]["labels"][names.LABEL_ROLE] == role
-    }
 
 
 def _accounted(job: e2e.Tiny, steps: int) -> None:
@@ -214,21 +179,21 @@ def test_a_killed_trainer_rank_restarts_the_whole_trainer_group_and_the_job_succ
     job = _job(tiny, steps, resources={"totalGPUs": 3})  # one generator, two trainer pods
     job.apply()
     job.watch("Succeeded", timeout_s=300, stop_at_step=7)
-    before = _uids(job, names.TRAINER)
+    before = job.uids(names.TRAINER)
     rank1 = next(n for n in before if n.endswith("-1"))
-    _worker_process(namespace, rank1).kill()
+    pod_processes.worker_process(namespace, rank1).kill()
     killed_at = time.monotonic()
 
     def group_replaced() -> bool:
-        now = _uids(job, names.TRAINER)
+        now = job.uids(names.TRAINER)
         return len(now) == 2 and not set(now.values()) & set(before.values())
 
     eventually(group_replaced, 60, "both trainer pods to be replaced")
     print(f"trainer group replaced {time.monotonic() - killed_at:.1f} s after rank 1 was killed")
     _succeeds(job, steps, restarts=1)
-    (group,) = _events(kubectl, namespace, "TrainerGroupRestarted")
+    (group,) = job.events("TrainerGroupRestarted")
     assert f"replacing trainer pods {', '.join(sorted(before))}" in group, group
-    restarted = _events(kubectl, namespace, "WorkerRestarted")
+    restarted = job.events("WorkerRestarted")
     assert any(m.startswith(f"trainer {rank1} exited with code 137") for m in restarted), restarted
     assert "resumed from /checkpoints: step" in job.log_tails(400)
     _accounted(job, steps)
@@ -248,11 +213,13 @@ def test_pods_on_a_lost_node_are_force_deleted_and_rescheduled_and_the_job_succe
     gen = next(p for p in pods if p["metadata"]["labels"][names.LABEL_ROLE] == names.GENERATOR)
     node = gen["spec"]["nodeName"]
     lost = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods if p["spec"]["nodeName"] == node}
-    workers = [_worker_process(namespace, name) for name in lost]
+    workers = [pod_processes.worker_process(namespace, name) for name in lost]
     nodes.lose(client.CoreV1Api(core_api), node)
     lost_at = time.monotonic()
     # The machine is gone: its processes die with it (the node agent powers its pods off).
-    eventually(lambda: not any(_alive(w) for w in workers), 30, f"the processes on {node} to die")
+    eventually(
+        lambda: not any(pod_processes.alive(w) for w in workers), 30, f"the processes on {node} to die"
+    )
     # Then the eviction its NoExecute taint brings (the taint-eviction controller's delete): with no
     # kubelet to confirm it, the pod stays Terminating until the operator force-deletes it.
     kubectl("delete", "pod", gen["metadata"]["name"], "-n", namespace, "--wait=false")
@@ -271,10 +238,10 @@ def test_pods_on_a_lost_node_are_force_deleted_and_rescheduled_and_the_job_succe
     bound = TIMEOUT_S + INTERVAL_S + STATUS_PERIOD_S + 2.0
     print(f"node lost: {sorted(lost)} rescheduled after {moved_s:.1f} s (detection bound {bound:.0f} s)")
     _succeeds(job, steps, restarts=len(lost))
-    said = _events(kubectl, namespace, "NodeNotReady")
+    said = job.events("NodeNotReady")
     for name in lost:
         assert any(f"force-deleting pod {name} on node {node}" in m for m in said), said
-    restarted = _events(kubectl, namespace, "WorkerRestarted")
+    restarted = job.events("WorkerRestarted")
     assert any(f"was lost: its node {node} has not been Ready for" in m for m in restarted), restarted
     _accounted(job, steps)
 
@@ -286,44 +253,14 @@ def test_a_failure_with_the_restart_budget_used_up_fails_the_job_saying_why(
     job.apply()
     job.watch("Succeeded", timeout_s=240, stop_at_step=2)
     gen = _pod_name(job, names.GENERATOR)
-    _worker_process(namespace, gen).kill()
+    pod_processes.worker_process(namespace, gen).kill()
     job.watch("Failed", timeout_s=120)
     failed = next(c for c in job.status()["conditions"] if c["type"] == "Failed")
     assert failed["status"] == "True"
     assert failed["message"].startswith(f"generator {gen} exited with code 137"), failed
     assert "spec.failurePolicy.maxRestarts=0 restarts are used up" in failed["message"], failed
-    assert any(gen in m for m in _events(kubectl, namespace, "JobFailed"))
+    assert any(gen in m for m in job.events("JobFailed"))
     eventually(lambda: not job.pods(), 60, "the failed job's pods to be stopped")
-
-
-class _DutyCycle:
-    """Keeps a process running `1/factor` of the time (SIGSTOP/SIGCONT every `period_s`): slow, but
-    never silent for long enough to look hung."""
-
-    def __init__(self, proc: psutil.Process, factor: float, period_s: float = 0.25) -> None:
-        self._proc, self._run_s, self._period_s = proc, period_s / factor, period_s
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> _DutyCycle:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-        with contextlib.suppress(psutil.Error):
-            self._proc.resume()
-
-    def _loop(self) -> None:
-        while not self._done.is_set():
-            try:
-                self._proc.suspend()
-                self._done.wait(self._period_s - self._run_s)
-                self._proc.resume()
-            except psutil.Error:
-                return  # it is gone: replaced
-            self._done.wait(self._run_s)
 
 
 def test_a_generator_that_stays_slow_is_replaced_and_the_job_succeeds(
@@ -339,17 +276,15 @@ def test_a_generator_that_stays_slow_is_replaced_and_the_job_succeeds(
     )
     job.apply()
     job.watch("Succeeded", timeout_s=240, stop_at_step=3)
-    slow_pod = next(n for n in _uids(job, names.GENERATOR) if n.endswith("-1"))
-    uid = _uids(job, names.GENERATOR)[slow_pod]
-    with _DutyCycle(_worker_process(namespace, slow_pod), factor=5):
+    slow_pod = next(n for n in job.uids(names.GENERATOR) if n.endswith("-1"))
+    uid = job.uids(names.GENERATOR)[slow_pod]
+    with pod_processes.DutyCycle(pod_processes.worker_process(namespace, slow_pod), factor=5):
         slowed_at = time.monotonic()
-        eventually(
-            lambda: _uids(job, names.GENERATOR).get(slow_pod, uid) != uid, 150, "the slow pod replaced"
-        )
+        eventually(lambda: job.uids(names.GENERATOR).get(slow_pod, uid) != uid, 150, "the slow pod replaced")
     print(f"slow generator replaced {time.monotonic() - slowed_at:.1f} s after it was slowed")
     _succeeds(job, steps, restarts=1)
-    said = _events(kubectl, namespace, "SlowGenerator")
+    said = job.events("SlowGenerator")
     assert any(m.startswith(f"generator {slow_pod} is slow: ") and "migrated" in m for m in said), said
-    restarted = _events(kubectl, namespace, "WorkerRestarted")
+    restarted = job.events("WorkerRestarted")
     assert any(m.startswith(f"generator {slow_pod} stayed slow: for 2") for m in restarted), restarted
     _accounted(job, steps)

@@ -37,11 +37,17 @@ def test_a_generator_bound_job_is_told_to_add_generators(tmp_path: pathlib.Path)
     a = autoscaling.LocalAutoscaler(POLICY)
     # One generator at 200 tokens/s against 3 trainer ranks managing 900 tokens per busy second:
     # I=2 trains 400 tokens/s (I=3 would leave one rank for 300).
-    assert a.look(_rows(1, 1), 1, [200.0]) is None  # first look: one sample, waiting for two
-    d = a.look(_rows(1, 3), 1, [200.0])
+    assert a.look_at(_rows(1, 1), 1, [200.0], now=0.0) is None  # first look: one sample, waiting for two
+    d = a.look_at(_rows(1, 3), 1, [200.0], now=0.0)
     assert d is not None and (d.previous, d.generators) == (1, 2), a.last
     assert "generators are the bottleneck" in d.reason
-    a.write(tmp_path, [12.5], 7.0)
+    # Carried out 12.5 s into the run at step 3; the change has cost what it took to train past it.
+    a.applied(12.5, reached=3)
+    a.look_at(_rows(1, 3), 2, [200.0, 200.0], now=16.5)
+    assert a.cost_s is None  # step 3 trained again after the restart: not past it yet
+    a.look_at(_rows(1, 4), 2, [200.0, 200.0], now=19.5)
+    assert a.cost_s == 7.0
+    a.write(tmp_path)
     written = (tmp_path / autoscaling.DECISIONS_FILE).read_text()
     assert '"elapsed_s": 12.5' in written and '"lastChangeCostSeconds": 7.0' in written
     assert a.summary() == "autoscaler: 1 change(s) of I: 1 -> 2 at step 3"
@@ -49,11 +55,11 @@ def test_a_generator_bound_job_is_told_to_add_generators(tmp_path: pathlib.Path)
 
 def test_steps_trained_again_after_a_resize_are_not_fed_twice() -> None:
     a = autoscaling.LocalAutoscaler(POLICY)
-    assert a.look(_rows(1, 3), 1, [100.0]) is not None
+    assert a.look_at(_rows(1, 3), 1, [100.0], now=0.0) is not None
     fed = len(a.samples)
     # The trainers resumed from the checkpoint at step 2: steps 3.. come again, then new ones.
-    assert a.look(_rows(1, 3), 2, [100.0, 100.0]) is None
+    assert a.look_at(_rows(1, 3), 2, [100.0, 100.0], now=0.0) is None
     assert len(a.samples) == fed and a.last is not None and a.last.step == 3
-    a.look(_rows(1, 5), 2, [100.0, 100.0])
+    a.look_at(_rows(1, 5), 2, [100.0, 100.0], now=0.0)
     assert [s.step for s in a.samples][fed:] == [4, 5]
     assert all(s.generators == 2 for s in list(a.samples)[fed:])

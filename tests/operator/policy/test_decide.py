@@ -136,6 +136,18 @@ def test_generators_in_effect_are_kept_while_they_tile() -> None:
     assert decide.current_generators(conventional, 3) == 0
 
 
+AUTOSCALE = {"enabled": True, "minGenerators": 1, "maxGenerators": 6}
+
+
+def test_with_autoscaling_the_spec_s_i_is_only_the_initial_one() -> None:
+    scaled = spec.JobSpec.model_validate(
+        {**MODEL, "resources": {"totalGPUs": 8}, "pipeline": {"generators": 2, "autoscale": AUTOSCALE}}
+    )
+    assert decide.current_generators(scaled, None) == 2  # nothing in effect yet: the spec's
+    assert decide.current_generators(scaled, 5) == 5  # the autoscaler's, in effect
+    assert decide.current_generators(scaled, 7) == 2  # past maxGenerators=6 (bounds lowered): the spec's
+
+
 def test_a_hung_pod_is_replaced_and_counted_once_across_a_controller_restart() -> None:
     """A running pod whose heartbeat went stale: replaced (not by the platform: the kubelet sees a
     live process). Should the controller restart before the pod is gone, the decision read back from

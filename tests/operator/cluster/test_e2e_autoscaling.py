@@ -1,0 +1,80 @@
+"""End to end: the operator rescales a running job whose generator became the bottleneck.
+
+Three fake GPUs, I = 1 (one generator pod, two trainer pods). The generator is slowed 8x (stopped
+and continued, running an eighth of the time), so generation is the bottleneck and the planner's
+optimum for the measured capacities is I = 2. What a user must see: GEN/TRAIN go 1/2 -> 2/1 in
+`kubectl get plrljobs`, the phase passes through Scaling, a Rescaled event gives the change, its
+ratio and its reason, `status.autoscaler` remembers it; the generator that stays keeps its pod
+(same uid, no container restart), the trainer pods are replaced (new world size, resumed from the
+latest checkpoint), nothing is counted as a failure, and every step and prompt is accounted for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from plrl_api import names
+from tests.operator.cluster import e2e, pod_processes, support
+from tests.operator.cluster.support import eventually
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+STEPS = 24
+
+
+def test_a_job_whose_generator_is_slowed_gets_a_second_generator_and_only_the_trainers_restart(
+    operator: support.Operator, namespace: str, tiny: Callable[..., e2e.Tiny]
+) -> None:
+    job = tiny(
+        resources={"totalGPUs": 3},
+        pipeline={
+            "generators": 1,
+            "maxLag": 8,
+            "autoscale": {"enabled": True, "everySteps": 3, "cooldownSteps": 10},
+        },
+        training={"totalSteps": STEPS, "checkpoint": {"everySteps": 3}},
+        heartbeat={"intervalSeconds": 1, "timeoutSeconds": 5},
+    )
+    job.apply()
+    job.watch("Succeeded", timeout_s=300, stop_at_step=2)
+    ((gen, gen_uid),) = job.uids(names.GENERATOR).items()
+    trainers_before = job.uids(names.TRAINER)
+    assert len(trainers_before) == 2
+    seen: list[dict[str, str]] = []
+
+    def rescaled() -> bool:
+        seen.append(job.row())
+        return seen[-1].get("GEN") == "2"
+
+    with pod_processes.DutyCycle(pod_processes.worker_process(namespace, gen), factor=8):
+        eventually(rescaled, 300, "GEN to become 2")
+    assert seen[-1]["TRAIN"] == "1", seen[-1]
+
+    def trainers_replaced() -> bool:
+        now = job.uids(names.TRAINER)
+        return len(now) == 1 and not set(now.values()) & set(trainers_before.values())
+
+    eventually(trainers_replaced, 120, "the trainer pods to be replaced by one of the new world size")
+    # The generator that stays is left alone (checked while the job runs: a finished job has no pods).
+    pod = next(p for p in job.pods() if p["metadata"]["name"] == gen)
+    assert pod["metadata"]["uid"] == gen_uid
+    assert all(c["restartCount"] == 0 for c in pod["status"]["containerStatuses"]), pod["status"]
+
+    final = job.watch("Succeeded", timeout_s=400)
+    rows = [*seen, *(s.row for s in final)]
+    assert any(r.get("PHASE") == "Scaling" for r in rows), [r.get("PHASE") for r in rows]
+    last = final[-1].row
+    assert (last["STEP"], last["RESTARTS"]) == (str(STEPS), "0"), last  # rescaling is not failover
+
+    (change, *_) = job.events("Rescaled")
+    assert change.startswith("I 1 -> 2 at step "), change
+    assert "ratio r_pipeline/r_gen = " in change and "generators are the bottleneck" in change, change
+    memory = job.status()["autoscaler"]
+    assert memory["changes"] >= 1 and memory["lastChange"].startswith("I 1 -> 2 at step "), memory
+    assert "resumed from /checkpoints: step" in job.log_tails(400)
+
+    records = job.records()
+    assert [r.step for r in records] == list(range(1, STEPS + 1))
+    p = records[-1].prompts
+    assert p.balanced and p.outstanding == 0, p
