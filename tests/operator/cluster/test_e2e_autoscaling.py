@@ -11,6 +11,7 @@ latest checkpoint), nothing is counted as a failure, and every step and prompt i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -48,7 +49,9 @@ def test_a_job_whose_generator_is_slowed_gets_a_second_generator_and_only_the_tr
         return seen[-1].get("GEN") == "2"
 
     with pod_processes.DutyCycle(pod_processes.worker_process(namespace, gen), factor=8):
+        slowed_at = time.monotonic()
         eventually(rescaled, 300, "GEN to become 2")
+        print(f"I 1 -> 2 {time.monotonic() - slowed_at:.1f} s after the generator was slowed")
     assert seen[-1]["TRAIN"] == "1", seen[-1]
 
     def trainers_replaced() -> bool:
@@ -72,6 +75,7 @@ def test_a_job_whose_generator_is_slowed_gets_a_second_generator_and_only_the_tr
     assert "ratio r_pipeline/r_gen = " in change and "generators are the bottleneck" in change, change
     memory = job.status()["autoscaler"]
     assert memory["changes"] >= 1 and memory["lastChange"].startswith("I 1 -> 2 at step "), memory
+    print(f"the change cost {memory.get('lastChangeCostSeconds')} s; {change}")
     assert "resumed from /checkpoints: step" in job.log_tails(400)
 
     records = job.records()
