@@ -28,6 +28,7 @@ from typing import Any
 def _receiver(conn: Any, threads: int) -> None:
     import torch
 
+    from plrl_workers import stores
     from plrl_workers.weight_sync import groups, receiver
 
     torch.set_num_threads(threads)
@@ -50,7 +51,7 @@ def _receiver(conn: Any, threads: int) -> None:
             conn.send(("done", time.perf_counter() - start, len(got)))
         elif kind == "raw_join":
             _, host, port, rank, world, nbytes = msg
-            store = groups.tcp_store(host, port, is_master=False, timeout_s=120)
+            store = stores.tcp_store(host, port, is_master=False, timeout_s=120)
             raw_pg = groups.new_process_group(
                 groups.epoch_store(store, -1),
                 rank=rank,
@@ -100,6 +101,7 @@ def main() -> None:
 
     import torch
 
+    from plrl_workers import stores
     from plrl_workers.weight_sync import groups, sender
 
     torch.set_num_threads(args.threads)
@@ -119,7 +121,7 @@ def main() -> None:
         return [p.recv()[1] for p in pipes]
 
     # Raw limit: one flat buffer over a plain gloo group of the same three ranks.
-    store = groups.tcp_store("127.0.0.1", 0, is_master=True, timeout_s=300)
+    store = stores.tcp_store("127.0.0.1", 0, is_master=True, timeout_s=300)
     for rank, p in enumerate(pipes, start=1):
         p.send(("raw_join", "127.0.0.1", store.port, rank, 3, nbytes))
     raw_pg = groups.new_process_group(

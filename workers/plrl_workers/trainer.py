@@ -160,6 +160,7 @@ class Coordination:
             device="cuda" if backend == "nccl" else "cpu",
             snapshots=self.snapshots,
             abort=stop,  # a stopping trainer does not wait out the join timeout for generators
+            bind_host=ident.bind_host,
         )
         self.metrics = metrics.WorkerMetrics("trainer")
         self.metrics.watch_coordinator(self.coord.stats)
@@ -322,6 +323,7 @@ class TrainLoop:
                     ranks.world_size,
                     ranks.local_rank,
                     cfg.endpoints.collective_backend,
+                    bind_host=ident.bind_host,
                 )
             )
             engine = factory.training_engine(

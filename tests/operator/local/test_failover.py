@@ -11,6 +11,7 @@ process outlives `plrl run`.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import pathlib
 import signal
@@ -200,6 +201,12 @@ def _wait_for_steps(run_dir: pathlib.Path, proc: subprocess.Popen[str], n: int) 
         time.sleep(0.2)
 
 
+def _loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip)
+    mapped = addr.ipv4_mapped if isinstance(addr, ipaddress.IPv6Address) else None
+    return (mapped or addr).is_loopback
+
+
 def test_killing_plrl_run_leaves_no_worker_running(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
     job = _job(tmp_path, 2000)
     argv = plrl_argv("run", str(job), "--run-dir", str(run_dir))
@@ -207,6 +214,15 @@ def test_killing_plrl_run_leaves_no_worker_running(tmp_path: pathlib.Path, run_d
         _wait_for_steps(run_dir, tree.proc, 2)
         workers = _workers(tree)
         assert len(workers) >= 3
+        # Nothing a worker serves (gRPC, metrics, both unauthenticated rendezvous stores) is
+        # reachable from another address than loopback.
+        listening = {
+            (p.pid, c.laddr.ip, c.laddr.port)
+            for p in workers
+            for c in p.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert len(listening) >= 4 and all(_loopback(ip) for _, ip, _ in listening), listening
         tree.proc.send_signal(signal.SIGKILL)  # no chance to stop anything itself
         tree.proc.wait(10)
         # The kernel's parent-death signal (SIGTERM) reaches every worker, which stops within its

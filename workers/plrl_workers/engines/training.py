@@ -75,6 +75,8 @@ class Rendezvous:
     local_rank: int = 0
     backend: str | None = None
     """"gloo" or "nccl"; None: NCCL on CUDA, gloo on CPU (`collective_backend`)."""
+    bind_host: str | None = None
+    """Where rank 0's store listens (None: every interface; `stores.tcp_store`)."""
 
 
 def collective_backend(choice: str | None = None) -> str:
@@ -98,18 +100,17 @@ def init_distributed(at: Rendezvous | None = None, timeout_s: float = 600.0) -> 
     backend = collective_backend(at.backend if at is not None else None)
     timeout = datetime.timedelta(seconds=timeout_s)
     if at is None:
-        store = dist.HashStore()  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
-        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+        alone = dist.HashStore()  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
+        dist.init_process_group(backend, store=alone, rank=0, world_size=1, timeout=timeout)
         return
     if torch.cuda.is_available():
         torch.cuda.set_device(device(at.local_rank))
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{at.host}:{at.port}",
-        rank=at.rank,
-        world_size=at.world_size,
-        timeout=timeout,
+    from plrl_workers import stores  # imports torch, as this function does
+
+    store = stores.tcp_store(
+        at.host, at.port, is_master=at.rank == 0, timeout_s=timeout_s, bind_host=at.bind_host
     )
+    dist.init_process_group(backend, store=store, rank=at.rank, world_size=at.world_size, timeout=timeout)
 
 
 # What gloo's TCP transport says when a peer's process went away mid-collective (it raises a plain

@@ -35,13 +35,6 @@ class GroupAborted(RuntimeError):
     """The sender gave up on this epoch (a member never showed up); wait for the next announcement."""
 
 
-def tcp_store(host: str, port: int, *, is_master: bool, timeout_s: float) -> c10d.TCPStore:
-    """The rendezvous store: the trainer hosts it (`is_master`; port 0 = any free port), generators join."""
-    return c10d.TCPStore(
-        host, port, None, is_master, datetime.timedelta(seconds=timeout_s), wait_for_workers=False
-    )
-
-
 def epoch_store(store: c10d.Store, epoch: int) -> c10d.PrefixStore:
     return c10d.PrefixStore(f"plrl/weights/epoch{epoch}/", store)
 

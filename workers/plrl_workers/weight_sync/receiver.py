@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from plrl_workers import protocol
+from plrl_workers import protocol, stores
 from plrl_workers.weight_sync import buckets, groups, packing, pool
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class WeightReceiver:
         self._held: list[torch.Tensor] = []
         self._device = torch.device(device)
         self._timeout_s = timeout_s
-        self._store = groups.tcp_store(group.host, group.port, is_master=False, timeout_s=timeout_s)
+        self._store = stores.tcp_store(group.host, group.port, is_master=False, timeout_s=timeout_s)
         self._estore = groups.epoch_store(self._store, group.epoch)
         self._pg: c10d.Backend | None = None
         self._closed = False

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from plrl_workers import protocol
+from plrl_workers import protocol, stores
 from plrl_workers.weight_sync import buckets, groups, packing, pool, snapshot
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class WeightBroadcaster:
         join_timeout_s: how long each version waits for every member's ready key (a member that
             is seen to be gone, see `broadcast(connected=)`, is not waited for).
         abort: if given and set (the trainer is stopping), a version stops waiting for members at once.
+        bind_host: the address the rendezvous store listens on (None: every interface).
         snapshots: if given, every version is published there (CPU copy) for the pull path.
         skip_missing_for: a member that failed to join is left out of this many following
             broadcasts (reported in `missed` each time, so it can pull), so one broken generator
@@ -94,6 +95,7 @@ class WeightBroadcaster:
         skip_missing_for: int = 10,
         snapshots: snapshot.SnapshotStore | None = None,
         abort: threading.Event | None = None,
+        bind_host: str | None = None,
     ) -> None:
         if backend not in protocol.BACKENDS:
             raise ValueError(f"backend must be one of {protocol.BACKENDS}, got {backend!r}")
@@ -105,7 +107,9 @@ class WeightBroadcaster:
         self._join_timeout_s = join_timeout_s
         self._snapshots = snapshots
         self._abort = abort
-        self._store = groups.tcp_store(advertise_host, port, is_master=True, timeout_s=timeout_s)
+        self._store = stores.tcp_store(
+            advertise_host, port, is_master=True, timeout_s=timeout_s, bind_host=bind_host
+        )
         # Epoch numbers grow from the wall clock, so a restarted trainer never reuses one that
         # generators still hold a group for.
         self._epoch = time.time_ns() // 1_000_000
