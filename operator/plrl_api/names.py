@@ -127,6 +127,11 @@ class Names:
         return f"{self.job}-token"
 
     @property
+    def network_policy(self) -> str:
+        """The NetworkPolicy that keeps everyone but the job's own workers away from them."""
+        return f"{self.job}-workers"
+
+    @property
     def worker(self) -> str:
         """ServiceAccount, Role and RoleBinding of the worker pods."""
         return f"{self.job}-worker"

@@ -695,6 +695,34 @@ def _builtin_prompt_rules() -> tuple[Rule, ...]:
 _I, _N = "self.pipeline.generators", "self.resources.totalGPUs"
 
 
+class MetricsPeer(_Model):
+    """Pods allowed to scrape the workers' metrics port: those matching both selectors."""
+
+    namespace_selector: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Labels of the scraper's namespace (empty: the job's own namespace).",
+    )
+    pod_selector: dict[str, str] = Field(
+        default_factory=dict, max_length=16, description="Labels of the scraping pods (empty: any pod)."
+    )
+
+
+class NetworkSpec(_Model):
+    """Who may reach the workers (a NetworkPolicy; it needs a CNI that enforces policies)."""
+
+    network_policy: bool = Field(
+        default=True,
+        description="Render a NetworkPolicy: workers accept connections only from the job's own "
+        "workers (gRPC, the unauthenticated rendezvous stores, NCCL/gloo) and metrics from metricsFrom.",
+    )
+    metrics_from: list[MetricsPeer] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Who else may reach the metrics port (e.g. Prometheus' namespace and pods).",
+    )
+
+
 class JobSpec(_Model):
     """`spec` of a PipelineRLJob."""
 
@@ -708,6 +736,7 @@ class JobSpec(_Model):
     failure_policy: FailurePolicySpec = Field(
         default_factory=FailurePolicySpec, description="Handling of dead and slow workers."
     )
+    network: NetworkSpec = Field(default_factory=NetworkSpec, description="Who may reach the workers.")
     suspend: bool = Field(
         default=False, description="Scale every worker to zero while true (Kueue-style); resume on false."
     )

@@ -45,6 +45,7 @@ CHILD_KINDS: dict[str, Kind] = {
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
     "Service": Kind("v1", "services"),
+    "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
     "StatefulSet": Kind("apps/v1", "statefulsets"),
 }
 LOG = logging.getLogger(__name__)

@@ -220,6 +220,7 @@ def test_server_side_defaults_equal_pydantic_defaults() -> None:
     # Every scalar default is filled in by the server (empty maps/lists stay absent, same meaning).
     expected = spec.JobSpec.model_validate(written).model_dump(mode="json", by_alias=True, exclude_none=True)
     del expected["resources"]["nodeSelector"], expected["resources"]["tolerations"]
+    del expected["network"]["metricsFrom"]
     assert defaulted == expected
     assert spec.JobSpec.model_validate(defaulted) == spec.JobSpec.model_validate(written)
 

@@ -125,7 +125,7 @@ def test_order_puts_dependencies_first() -> None:
     kinds = [o["kind"] for o in render.render(_example(), 6)]
     assert kinds == [
         "ConfigMap", "Secret", "ServiceAccount", "Role", "RoleBinding",
-        "Service", "Service", "StatefulSet", "StatefulSet",
+        "Service", "Service", "NetworkPolicy", "StatefulSet", "StatefulSet",
     ]  # fmt: skip
 
 
@@ -283,6 +283,44 @@ def test_edits_change_the_hash_of_what_they_touch() -> None:
     }
 
 
+def test_the_network_policy_admits_the_job_s_workers_and_only_the_named_scrapers() -> None:
+    job = _example()
+    (policy,) = [o for o in render.render(job, 6) if o["kind"] == "NetworkPolicy"]
+    workers = {"matchLabels": {names.LABEL_JOB: "qwen-math"}}
+    assert policy["metadata"]["name"] == "qwen-math-workers"
+    # Every worker pod of this job, and only this job's pods, on every port (the rendezvous stores
+    # and NCCL/gloo use ports chosen at run time); egress is not restricted.
+    assert policy["spec"] == {
+        "podSelector": workers,
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": workers}]}],
+    }
+
+    job.spec.network = spec.NetworkSpec.model_validate(
+        {
+            "metricsFrom": [
+                {"namespaceSelector": {"name": "monitoring"}, "podSelector": {"app": "prometheus"}},
+                {},
+            ]
+        }
+    )
+    (policy,) = [o for o in render.render(job, 6) if o["kind"] == "NetworkPolicy"]
+    scrape = policy["spec"]["ingress"][1]
+    assert scrape == {
+        "from": [
+            {
+                "podSelector": {"matchLabels": {"app": "prometheus"}},
+                "namespaceSelector": {"matchLabels": {"name": "monitoring"}},
+            },
+            {"podSelector": {"matchLabels": {}}},  # any pod of the job's namespace
+        ],
+        "ports": [{"protocol": "TCP", "port": names.PORT_METRICS}],
+    }
+
+    job.spec.network.network_policy = False  # the cluster's own policies apply instead
+    assert not [o for o in render.render(job, 6) if o["kind"] == "NetworkPolicy"]
+
+
 def test_own_service_account_skips_worker_rbac() -> None:
     objects = render.render(_second(), 4)
     assert not [o for o in objects if o["kind"] in ("ServiceAccount", "Role", "RoleBinding")]
@@ -300,7 +338,7 @@ def test_bad_generators_are_refused(generators: int, message: str) -> None:
 def test_render_cli_prints_a_stream(capsys: pytest.CaptureFixture[str]) -> None:
     assert render_cli.main([str(ROOT / "examples" / "job.yaml"), "--generators", "8"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert len(docs) == 9
+    assert len(docs) == 10
     assert _sts(docs, "generator")["spec"]["replicas"] == 8
     assert _sts(docs, "trainer")["spec"]["replicas"] == 4
 

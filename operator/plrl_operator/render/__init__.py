@@ -15,7 +15,7 @@ from typing import Any
 
 from plrl_api import names, plan
 from plrl_api import spec as spec_mod
-from plrl_operator.render import common, config, workers
+from plrl_operator.render import common, config, network, workers
 
 
 def render(
@@ -37,6 +37,8 @@ def render(
     if job.spec.resources.service_account_name is None:
         objects += config.worker_rbac(job)
     objects += [workers.service(job, role) for role in names.ROLES]
+    if job.spec.network.network_policy:
+        objects.append(network.network_policy(job))
     # Each role's pods roll only when their own config changes: a change of I rewrites the trainers'
     # (their world size) but not the generators', so adding or removing generators restarts none.
     objects += [

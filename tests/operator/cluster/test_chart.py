@@ -179,6 +179,7 @@ def test_installed_crd_and_service_account_permissions(chart: support.Chart, kub
 
     assert can("patch", "pipelinerljobs.pipelinerl.io/status") == "yes"
     assert can("create", "statefulsets.apps") == "yes"
+    assert can("create", "networkpolicies.networking.k8s.io") == "yes"
     assert can("create", "leases.coordination.k8s.io") == "yes"
     assert can("delete", "statefulsets.apps") == "no"
     assert can("delete", "pipelinerljobs.pipelinerl.io") == "no"

@@ -28,7 +28,9 @@ from tests.operator.cluster.support import eventually
 
 pytestmark = pytest.mark.cluster
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-CHILD_KINDS = "configmaps,secrets,serviceaccounts,roles,rolebindings,services,statefulsets,pods"
+CHILD_KINDS = (
+    "configmaps,secrets,serviceaccounts,roles,rolebindings,services,networkpolicies,statefulsets,pods"
+)
 
 
 def _get(kubectl: tools.Tool, *args: str) -> dict[str, Any] | None:
@@ -116,6 +118,11 @@ def test_example_job_runs_on_matching_gpu_nodes(
         assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
         assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         assert sts["metadata"]["ownerReferences"][0]["kind"] == "PipelineRLJob"
+    # Accepted by the API server (enforcing it is the CNI's; this control plane has none).
+    policy = _get(kubectl, "networkpolicy", "qwen-math-workers", "-n", namespace)
+    assert policy is not None
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"pipelinerl.io/job": "qwen-math"}}
+    assert policy["metadata"]["ownerReferences"][0]["kind"] == "PipelineRLJob"
 
     eventually(_phase_is(kubectl, namespace, "qwen-math", "Running", ready="11/11"), 90, "job Running")
     placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in _pods(kubectl, namespace, "qwen-math")}
@@ -150,7 +157,7 @@ def test_example_job_runs_on_matching_gpu_nodes(
         "AllPodsReady",
         "PodsScheduled",
         "Created",
-        "applied 9 objects",
+        "applied 10 objects",
         "-> Running",
     ):
         assert text in describe, describe
@@ -405,7 +412,7 @@ def test_delete_leaves_nothing_behind(
     _running_small_job(kubectl, namespace, gpu_nodes, "doomed")
     assert (
         len((_get(kubectl, CHILD_KINDS, "-n", namespace, "-l", "pipelinerl.io/job=doomed") or {})["items"])
-        == 13
+        == 14
     )
     kubectl("delete", "plrljob", "doomed", "-n", namespace, "--wait=true", "--timeout=60s")
 
