@@ -82,8 +82,7 @@ class WorkerConfig(_Model):
     role: names.Role
     job: JobRef
     spec: spec_mod.JobSpec
-    """The fully defaulted spec (without `suspend`: suspending is the controller's business, and
-    leaving it out keeps a suspend/resume from changing the file and rolling the pods)."""
+    """The fully defaulted spec without the fields only the controllers act on (`NOT_FOR_WORKERS`)."""
     plan: PodPlan | None = None
     """Trainers only: pods and accelerators per role (their world size). Generators get none, so
     their file, and with it their pods, stays the same when I changes."""
@@ -97,6 +96,12 @@ class WorkerConfig(_Model):
         return self.plan
 
 
+NOT_FOR_WORKERS = {"suspend", "network"}
+"""Spec fields left out of the file: suspending is the controller's business and `network` the
+NetworkPolicy's; leaving them out keeps a suspend/resume or a new scraper from changing the file
+and rolling the pods."""
+
+
 def build(
     job: spec_mod.PipelineRLJob,
     pod_plan: plan.PodPlan,
@@ -105,7 +110,7 @@ def build(
     paths: Paths,
 ) -> WorkerConfig:
     """The config a worker of `role` reads; the operator and `plrl run` differ only in the last two."""
-    spec = spec_mod.JobSpec.model_validate(job.spec.model_dump(exclude={"suspend"}))
+    spec = spec_mod.JobSpec.model_validate(job.spec.model_dump(exclude=NOT_FOR_WORKERS))
     return WorkerConfig(
         role=role,
         job=JobRef(name=job.metadata.name, namespace=job.metadata.namespace, uid=job.metadata.uid),
@@ -118,7 +123,7 @@ def build(
 
 def dump(cfg: WorkerConfig) -> str:
     """The file's text: camelCase JSON with sorted keys (stable, so its digest is too)."""
-    doc = cfg.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"spec": {"suspend"}})
+    doc = cfg.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"spec": NOT_FOR_WORKERS})
     return json.dumps(doc, indent=2, sort_keys=True)
 
 

@@ -317,6 +317,11 @@ def test_the_network_policy_admits_the_job_s_workers_and_only_the_named_scrapers
         "ports": [{"protocol": "TCP", "port": names.PORT_METRICS}],
     }
 
+    # Only the policy changed: workers never read `network`, so a new scraper rolls no pod.
+    before = _by_kind(render.render(_example(), 6))
+    after = _by_kind(render.render(job, 6))
+    assert [k for k in before if before[k] != after[k]] == [("NetworkPolicy", "qwen-math-workers")]
+
     job.spec.network.network_policy = False  # the cluster's own policies apply instead
     assert not [o for o in render.render(job, 6) if o["kind"] == "NetworkPolicy"]
 
