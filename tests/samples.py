@@ -1,10 +1,23 @@
-"""Sample records for tests: one place that knows how to make a valid `StepRecord`."""
+"""Sample objects for tests: one place that knows how to make a valid `StepRecord` or job."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from plrl_api import records
+from plrl_api import records, spec
+
+
+def job(job_spec: dict[str, Any], **metadata: Any) -> spec.PipelineRLJob:
+    """A `PipelineRLJob` with `job_spec` as its spec; metadata defaults to name demo in namespace ns
+    (`metadata` overrides or adds fields: name, namespace, uid, generation)."""
+    meta = {"name": "demo", "namespace": "ns", "uid": "u", "generation": 1} | metadata
+    doc = {
+        "apiVersion": "pipelinerl.io/v1alpha1",
+        "kind": "PipelineRLJob",
+        "metadata": meta,
+        "spec": job_spec,
+    }
+    return spec.parse_job(doc)
 
 
 def step_record(**overrides: Any) -> records.StepRecord:

@@ -271,15 +271,15 @@ async def _reconcile_locked(
         verdict = decide.decide(job.spec, observed, status.history(previous))
         # A job that ended keeps its objects (ConfigMap, checkpoints' PVCs) but no running pods.
         stopped = verdict.history.outcome is not None
-        scaler = _autoscaler(memo, job, generators, children, previous) if not stopped else None
+        pod_plan = plan.PodPlan.of(job.spec, generators)
+        caps = status.capacities(children, job.metadata.name, pod_plan)
+        scaler = _autoscaler(memo, job, caps, previous) if not stopped else None
         change = None
-        if scaler is not None and trigger == "timer":
-            pod_plan = plan.PodPlan.of(job.spec, generators)
-            caps = status.capacities(children, job.metadata.name, pod_plan)
-            change = scaler.look(pod_plan, caps, time.time()) if caps is not None else None
+        if scaler is not None and caps is not None and trigger == "timer":
+            looked_at = time.time()
+            change = scaler.look(pod_plan, caps, looked_at)
             if change is not None:
-                assert caps is not None
-                scaler.applied(time.time(), caps.step)
+                scaler.applied(looked_at, caps.step)
                 generators = change.generators
                 # Recorded before it is carried out: a restarted operator renders the new I from status.
                 previous = await _write_status(
@@ -426,7 +426,6 @@ async def _replace(
     if len(trainer_group) < 2:
         trainer_group = ()  # a lone trainer the kubelet restarted has its fresh group already
     doomed += [t for t in trainer_group if t not in doomed]
-    uids = {w.name: w.instance for w in workers}
     if trainer_group:
         kopf.info(
             body,
@@ -434,16 +433,19 @@ async def _replace(
             message=f"replacing trainer pods {', '.join(trainer_group)}: the group resumes from its "
             "latest checkpoint (one restart counted)",
         )
-    for pod in doomed:
-        await asyncio.to_thread(client().delete_pod, ns, pod, 0, uids.get(pod))
+    uids = {w.name: w.instance for w in workers}
+    await _delete_pods(ns, {pod: uids.get(pod) for pod in doomed})
+
+
+async def _delete_pods(namespace: str, pods: dict[str, str | None]) -> None:
+    """Force-delete (grace 0) each pod, preconditioned on its uid where known: a replacement the
+    StatefulSet already made under the same name is never taken along."""
+    for pod, uid in pods.items():
+        await asyncio.to_thread(client().delete_pod, namespace, pod, 0, uid)
 
 
 def _autoscaler(
-    memo: kopf.Memo,
-    job: spec_mod.PipelineRLJob,
-    generators: int,
-    children: status.Children,
-    previous: status.JobStatus,
+    memo: kopf.Memo, job: spec_mod.PipelineRLJob, caps: status.Capacities | None, previous: status.JobStatus
 ) -> autoscaling.JobAutoscaler | None:
     """The job's autoscaler (kept in its memo), or None when the job does not autoscale."""
     pipeline = job.spec.pipeline
@@ -452,7 +454,6 @@ def _autoscaler(
         return None
     scaler: autoscaling.JobAutoscaler | None = memo.get("autoscaler")
     if scaler is None:
-        caps = status.capacities(children, job.metadata.name, plan.PodPlan.of(job.spec, generators))
         scaler = autoscaling.JobAutoscaler.restore(job.spec, previous.autoscaler, caps.step if caps else 0)
         memo["autoscaler"] = scaler
     return scaler
@@ -472,12 +473,13 @@ async def _rescale_trainers(
         message=f"{autoscaling.describe(change)}; trainer pods restart with the new world size from their "
         "latest checkpoint",
     )
-    ns = job.metadata.namespace or "default"
-    for pod in children.pods:
-        meta = pod["metadata"]
-        trainer = meta.get("labels", {}).get(names.LABEL_ROLE) == names.TRAINER
-        if trainer and not meta.get("deletionTimestamp"):
-            await asyncio.to_thread(client().delete_pod, ns, str(meta["name"]), 0, meta.get("uid"))
+    trainers = {
+        str(p["metadata"]["name"]): p["metadata"].get("uid")
+        for p in children.pods
+        if p["metadata"].get("labels", {}).get(names.LABEL_ROLE) == names.TRAINER
+        and not p["metadata"].get("deletionTimestamp")
+    }
+    await _delete_pods(job.metadata.namespace or "default", trainers)
 
 
 def _entered(

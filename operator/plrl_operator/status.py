@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 from typing import Any, Literal
 
 import pydantic
@@ -122,6 +123,12 @@ class Children:
     leases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     nodes: dict[str, health.NodeReadiness] = dataclasses.field(default_factory=dict)
     """Readiness of the nodes the pods are on, by node name (a node not listed is not judged)."""
+
+    @functools.cached_property
+    def reports(self) -> dict[str, Report]:
+        """The heartbeat reports of current pods only (`_current_leases`), by pod name: parsed once
+        per reconcile, however many decisions read them."""
+        return _reports(_current_leases(self))
 
 
 def parse(raw: dict[str, Any] | None) -> JobStatus:
@@ -242,11 +249,30 @@ def _rounded(progress: records.Progress) -> records.Progress:
 
 def progress_from_leases(leases: list[dict[str, Any]]) -> records.Progress | None:
     """The coordinator's latest report, if any Lease carries one (the runtime's seam)."""
+    return _progress(_reports(leases))
+
+
+def _progress(reports: dict[str, Report]) -> records.Progress | None:
+    return next((r.report.progress for r in reports.values() if r.report.progress is not None), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """One worker's heartbeat report and when its Lease was renewed."""
+
+    report: records.WorkerReport
+    renewed: datetime.datetime | None
+
+
+def _reports(leases: list[dict[str, Any]]) -> dict[str, Report]:
+    """The reports the Leases carry, by holder (= pod name), in Lease order."""
+    out: dict[str, Report] = {}
     for lease in leases:
         report = records.parse_annotations(lease.get("metadata", {}).get("annotations", {}))
-        if report is not None and report.progress is not None:
-            return report.progress
-    return None
+        if report is not None:
+            spec = lease.get("spec") or {}
+            out[str(spec.get("holderIdentity") or "")] = Report(report, _time(spec.get("renewTime")))
+    return out
 
 
 def _container_detail(status: dict[str, Any]) -> tuple[int | None, str]:
@@ -334,11 +360,9 @@ def workers(
 
 def slow_generators(children: Children) -> tuple[dict[str, records.SlowGenerator], datetime.datetime | None]:
     """The slow generators trainer rank 0 reports, by generator id (= pod name), and when it said so."""
-    for lease in _current_leases(children):
-        report = records.parse_annotations(lease.get("metadata", {}).get("annotations", {}))
-        renewed = _time((lease.get("spec") or {}).get("renewTime"))
-        if report is not None and report.progress is not None and renewed is not None:
-            return {s.generator: s for s in report.progress.slow_generators}, renewed
+    for r in children.reports.values():
+        if r.report.progress is not None and r.renewed is not None:
+            return {s.generator: s for s in r.report.progress.slow_generators}, r.renewed
     return {}, None
 
 
@@ -393,7 +417,7 @@ def observation(
     failure_policy: spec_mod.FailurePolicySpec | None = None,
 ) -> decide.Observation:
     """What `policy.decide` looks at."""
-    progress = progress_from_leases(_current_leases(children))
+    progress = _progress(children.reports)
     return decide.Observation(
         workers=workers(children, heartbeat, now, failure_policy),
         finished=progress is not None and progress.finished,
@@ -413,18 +437,17 @@ class Capacities:
 
 
 def capacities(children: Children, job_name: str, pod_plan: plan.PodPlan) -> Capacities | None:
-    """The current pods' capacities, or None while trainer rank 0 reports no progress. Only Leases of
-    current pods count: a pod that left must not speak for the I in effect now."""
-    reports: dict[str, records.WorkerReport] = {}
-    for lease in _current_leases(children):
-        report = records.parse_annotations(lease.get("metadata", {}).get("annotations", {}))
-        if report is not None:
-            reports[str((lease.get("spec") or {}).get("holderIdentity") or "")] = report
+    """The current pods' capacities, or None while trainer rank 0 reports no progress. Only current
+    pods' reports count (`Children.reports`): a pod that left must not speak for the I in effect now."""
+    reports = children.reports
     child = names.Names(job_name)
-    rank0 = reports.get(child.pod(names.TRAINER, 0))
+    rank0 = reports[child.pod(names.TRAINER, 0)].report if child.pod(names.TRAINER, 0) in reports else None
     if rank0 is None or rank0.progress is None:
         return None
-    gens = [reports.get(child.pod(names.GENERATOR, k)) for k in range(pod_plan.generator_pods)]
+    gens = [
+        reports[pod].report if pod in reports else None
+        for pod in (child.pod(names.GENERATOR, k) for k in range(pod_plan.generator_pods))
+    ]
     return Capacities(
         step=rank0.progress.step,
         trainers=rank0.capacity_tokens_per_second,

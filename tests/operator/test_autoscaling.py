@@ -13,22 +13,18 @@ from typing import Any
 
 from plrl_api import names, plan, records, spec
 from plrl_operator import autoscaling, status
+from tests import samples
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 AUTOSCALE = {"enabled": True, "everySteps": 2, "cooldownSteps": 0}
 
 
 def _job() -> spec.PipelineRLJob:
-    return spec.parse_job(
+    return samples.job(
         {
-            "apiVersion": "pipelinerl.io/v1alpha1",
-            "kind": "PipelineRLJob",
-            "metadata": {"name": "demo", "namespace": "ns", "uid": "u", "generation": 1},
-            "spec": {
-                "model": {"name": "/models/demo"},
-                "resources": {"totalGPUs": 4},
-                "pipeline": {"generators": 1, "autoscale": AUTOSCALE},
-            },
+            "model": {"name": "/models/demo"},
+            "resources": {"totalGPUs": 4},
+            "pipeline": {"generators": 1, "autoscale": AUTOSCALE},
         }
     )
 

@@ -18,6 +18,7 @@ from typing import Any
 from plrl_api import names, records, spec
 from plrl_operator import k8s, phases, status
 from plrl_operator.policy import decide, health
+from tests import samples
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(minutes=5)
@@ -30,14 +31,7 @@ def _job(**spec_overrides: Any) -> spec.PipelineRLJob:
         "pipeline": {"generators": 2},
         **spec_overrides,
     }
-    return spec.parse_job(
-        {
-            "apiVersion": "pipelinerl.io/v1alpha1",
-            "kind": "PipelineRLJob",
-            "metadata": {"name": "demo", "namespace": "ns", "uid": "u", "generation": 1},
-            "spec": body,
-        }
-    )
+    return samples.job(body)
 
 
 def _sts(

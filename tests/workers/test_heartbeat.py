@@ -32,18 +32,14 @@ ROW = samples.step_record()  # what trainer.Coordination.log_step writes
 
 
 def _job() -> spec.PipelineRLJob:
-    return spec.parse_job(
+    return samples.job(
         {
-            "apiVersion": "pipelinerl.io/v1alpha1",
-            "kind": "PipelineRLJob",
-            "metadata": {"name": "demo", "namespace": "ns", "uid": "uid-1", "generation": 1},
-            "spec": {
-                "model": {"name": "/models/demo"},
-                "resources": {"totalGPUs": 4},
-                "pipeline": {"generators": 2},
-                "heartbeat": {"intervalSeconds": 2, "timeoutSeconds": 7.5},
-            },
-        }
+            "model": {"name": "/models/demo"},
+            "resources": {"totalGPUs": 4},
+            "pipeline": {"generators": 2},
+            "heartbeat": {"intervalSeconds": 2, "timeoutSeconds": 7.5},
+        },
+        uid="uid-1",
     )
 
 

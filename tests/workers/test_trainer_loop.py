@@ -48,6 +48,7 @@ from plrl_workers import checkpoint, heartbeat, protocol, trainer
 from plrl_workers.coordinator import core as coordinator
 from plrl_workers.engines import training
 from plrl_workers.models import tiny
+from tests import samples
 from tests.infra import procs
 
 G = 2
@@ -128,27 +129,24 @@ class FakeTrainingEngine:
 
 
 def _job() -> spec.PipelineRLJob:
-    return spec.parse_job(
+    return samples.job(
         {
-            "apiVersion": "pipelinerl.io/v1alpha1",
-            "kind": "PipelineRLJob",
-            "metadata": {"name": "small", "namespace": "ns", "uid": "uid-1", "generation": 1},
-            "spec": {
-                "model": {"name": "builtin:tiny", "dtype": "float32"},
-                "task": {"name": "builtin:arith"},
-                "resources": {"totalGPUs": 2},
-                "generation": {"engine": "torch", "maxNewTokens": 8, "samplesPerPrompt": G},
-                "training": {
-                    "backend": "torch",
-                    "batchSize": B,
-                    "learningRate": LR,
-                    "tokensPerMicroBatch": 512,
-                    "totalSteps": TOTAL_STEPS,
-                    "checkpoint": {"everySteps": 2},
-                },
-                "pipeline": {"maxLag": MAX_LAG},
+            "model": {"name": "builtin:tiny", "dtype": "float32"},
+            "task": {"name": "builtin:arith"},
+            "resources": {"totalGPUs": 2},
+            "generation": {"engine": "torch", "maxNewTokens": 8, "samplesPerPrompt": G},
+            "training": {
+                "backend": "torch",
+                "batchSize": B,
+                "learningRate": LR,
+                "tokensPerMicroBatch": 512,
+                "totalSteps": TOTAL_STEPS,
+                "checkpoint": {"everySteps": 2},
             },
-        }
+            "pipeline": {"maxLag": MAX_LAG},
+        },
+        name="small",
+        uid="uid-1",
     )
 
 

@@ -69,7 +69,13 @@ class AutoscaleLoop:
             self.timing = None
 
     def look(self, generators: int, step_seconds: float | None) -> types.Decision | None:
-        """The change of I to make now, if any (`step_seconds`: recent time per optimizer step)."""
+        """The change of I to make now, if any (`step_seconds`: recent time per optimizer step).
+
+        The two shells estimate `step_seconds` differently because they see different things:
+        `plrl run` reads every step's own duration from the trainer's records and takes the median
+        of the last ten (robust to one step that waited on a checkpoint); the operator only sees
+        the step counter in the heartbeat Leases at each timer tick, so it takes the mean over the
+        (time, step) pairs seen since the last change."""
         if self.high_water == self.looked_at:
             return None
         self.looked_at = self.high_water
