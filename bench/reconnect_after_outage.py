@@ -28,7 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from plrl_operator.local.chaos_report import span
 from plrl_workers import protocol
 from plrl_workers.coordinator import core as coordinator
-from plrl_workers.rpc import client, server
+from plrl_workers.rpc import client, limits, server
 
 TOKEN = "bench-token"
 SETTINGS: dict[str, float | None] = {
@@ -64,7 +64,9 @@ def delay_after_outage(max_backoff_s: float | None, outage_s: float) -> float:
     time.sleep(outage_s)
     coord = coordinator.Coordinator(_prompts(), coordinator.Config(samples_per_prompt=2))
     listening = time.monotonic()
-    srv = server.serve(coord, token=TOKEN, host="127.0.0.1", port=port, max_workers=4)
+    srv = server.serve(
+        coord, token=TOKEN, host="127.0.0.1", port=port, call_limits=limits.CallLimits(max_workers=8)
+    )
     caller.join(timeout=600)
     srv.stop(0)
     cli.close()

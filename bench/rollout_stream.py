@@ -49,7 +49,7 @@ def _serve(
     port_q: multiprocessing.queues.Queue[int], stop: multiprocessing.synchronize.Event, samples: int
 ) -> None:
     from plrl_workers.coordinator import core as coordinator
-    from plrl_workers.rpc import server
+    from plrl_workers.rpc import limits, server
 
     coord = coordinator.Coordinator(
         _prompts(),
@@ -64,7 +64,9 @@ def _serve(
                 coord.finish_step(step)
 
     threading.Thread(target=trainer, daemon=True).start()
-    srv = server.serve(coord, token=TOKEN, host="127.0.0.1", port=0, max_workers=16)
+    srv = server.serve(
+        coord, token=TOKEN, host="127.0.0.1", port=0, call_limits=limits.CallLimits(max_workers=16)
+    )
     port_q.put(srv.port)
     stop.wait()
     srv.stop(0)

@@ -37,7 +37,7 @@ import torch
 from plrl_workers import generator, protocol
 from plrl_workers.coordinator import core as coordinator
 from plrl_workers.engines import base as engines
-from plrl_workers.rpc import client, server
+from plrl_workers.rpc import client, limits, server
 from plrl_workers.weight_sync import groups, snapshot
 from tests.polling import eventually
 from tests.workers.rollouts import group_for
@@ -248,7 +248,14 @@ def start() -> Iterator[Start]:
         )
         coord = coordinator.Coordinator(prompts(n_prompts), cfg, clock=clock)
         store = snapshot.SnapshotStore()
-        srv = server.serve(coord, token=TOKEN, snapshots=store, host="127.0.0.1", port=0, max_workers=16)
+        srv = server.serve(
+            coord,
+            token=TOKEN,
+            snapshots=store,
+            host="127.0.0.1",
+            port=0,
+            call_limits=limits.CallLimits(max_workers=16),
+        )
         cli = client.CoordinatorClient(f"127.0.0.1:{srv.port}", TOKEN, timeout_s=10)
         eng = engine or FakeEngine()
         gen = generator.Generator(
@@ -311,7 +318,12 @@ def revive(rig: Rig, saved: dict[str, object], version: int, weights: dict[str, 
     store.publish(snapshot.WeightSnapshot.from_named_tensors(version, weights.items()))
     rig.coord, rig.store = revived, store
     rig.server = server.serve(
-        revived, token=TOKEN, snapshots=store, host="127.0.0.1", port=port, max_workers=16
+        revived,
+        token=TOKEN,
+        snapshots=store,
+        host="127.0.0.1",
+        port=port,
+        call_limits=limits.CallLimits(max_workers=16),
     )
     eventually(lambda: revived.stats().control_streams == 1, what="the generator to reconnect")
 

@@ -44,6 +44,7 @@ from plrl_workers.coordinator import core as coordinator
 from plrl_workers.engines import base as engines
 from plrl_workers.engines import factory, training
 from plrl_workers.rl import step as rl_step
+from plrl_workers.rpc import limits as rpc_limits
 from plrl_workers.rpc import server as rpc_server
 from plrl_workers.tasks import base as tasks
 from plrl_workers.tasks import registry
@@ -148,7 +149,12 @@ class Coordination:
         _, port = worker_config.split_host_port(cfg.endpoints.coordinator)
         self.snapshots = snapshot.SnapshotStore()
         self.server = rpc_server.serve(
-            self.coord, token=ident.token, snapshots=self.snapshots, host=ident.bind_host, port=port
+            self.coord,
+            token=ident.token,
+            snapshots=self.snapshots,
+            host=ident.bind_host,
+            port=port,
+            call_limits=rpc_limits.for_job(spec.resources.total_gpus, ident.bind_host),
         )
         ws_host, ws_port = worker_config.split_host_port(cfg.endpoints.weight_sync)
         # gloo when generators may share this GPU (plrl run on fewer GPUs than the job's)

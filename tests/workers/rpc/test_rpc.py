@@ -25,7 +25,7 @@ import torch
 
 from plrl_workers import protocol
 from plrl_workers.coordinator import core as coordinator
-from plrl_workers.rpc import client, convert, rollout_stream, server
+from plrl_workers.rpc import client, convert, limits, rollout_stream, server
 from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
 from plrl_workers.weight_sync import snapshot
@@ -54,7 +54,14 @@ def store() -> snapshot.SnapshotStore:
 
 @pytest.fixture
 def srv(coord: coordinator.Coordinator, store: snapshot.SnapshotStore) -> Iterator[server.Server]:
-    s = server.serve(coord, token=TOKEN, snapshots=store, host="127.0.0.1", port=0, max_workers=16)
+    s = server.serve(
+        coord,
+        token=TOKEN,
+        snapshots=store,
+        host="127.0.0.1",
+        port=0,
+        call_limits=limits.CallLimits(max_workers=16),
+    )
     yield s
     s.stop(0)
 

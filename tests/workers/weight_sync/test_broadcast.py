@@ -29,7 +29,7 @@ import torch
 
 from plrl_workers import protocol
 from plrl_workers.coordinator import core as coordinator
-from plrl_workers.rpc import server
+from plrl_workers.rpc import limits, server
 from plrl_workers.weight_sync import sender, snapshot
 
 PROC = pathlib.Path(__file__).with_name("receiver_proc.py")
@@ -257,7 +257,14 @@ def test_a_member_that_missed_versions_pulls_them_over_grpc(peers: dict[str, Pee
     store = snapshot.SnapshotStore()
     bc = sender.WeightBroadcaster(advertise_host="127.0.0.1", snapshots=store)
     coord = coordinator.Coordinator(iter(()), coordinator.Config(samples_per_prompt=1))
-    srv = server.serve(coord, token="tok", snapshots=store, host="127.0.0.1", port=0, max_workers=8)
+    srv = server.serve(
+        coord,
+        token="tok",
+        snapshots=store,
+        host="127.0.0.1",
+        port=0,
+        call_limits=limits.CallLimits(max_workers=8),
+    )
     try:
         report = bc.broadcast(9, weights(9).items(), [], announce_to(peers))  # nobody in the group
         assert report.delivered == () and report.missed == ()

@@ -28,7 +28,7 @@ import grpc
 import torch
 
 from plrl_workers import protocol
-from plrl_workers.rpc import auth, convert
+from plrl_workers.rpc import auth, convert, limits
 from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
 from plrl_workers.weight_sync import snapshot
@@ -85,6 +85,7 @@ class CoordinatorClient:
         options: list[tuple[str, int]] = [
             ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", protocol.MAX_MESSAGE_BYTES),
+            *limits.client_options(),
         ]
         if max_reconnect_backoff_s is not None:
             initial = min(INITIAL_RECONNECT_BACKOFF_S, max_reconnect_backoff_s)

@@ -6,9 +6,10 @@
 never ends a generator's rollout stream. The full-weights pull streams the latest
 `weight_sync.snapshot.WeightSnapshot`.
 
-Threads: every open Control or SubmitRollouts stream holds one server thread (and a submit blocked by
-backpressure keeps holding it), so `max_workers` must exceed twice the number of generators plus
-a margin for unary calls.
+Threads: every open call holds one server thread while it lasts (a Control or SubmitRollouts stream
+for its whole life, a lease request while it waits), about 4 per generator; `rpc/limits.py` bounds
+them in all and per peer, keeps threads free for `Status`, and closes connections whose peer stopped
+answering, so `limits.max_workers` must exceed 4 x the number of generators plus a margin.
 
 Usage (trainer rank 0):
 
@@ -29,7 +30,7 @@ import grpc
 
 from plrl_workers import protocol
 from plrl_workers.coordinator import core as coordinator
-from plrl_workers.rpc import auth, convert
+from plrl_workers.rpc import auth, convert, limits
 from plrl_workers.rpc.generated import plrl_pb2 as pb
 from plrl_workers.rpc.generated import plrl_pb2_grpc as pb_grpc
 from plrl_workers.weight_sync import snapshot
@@ -145,9 +146,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
 class Server:
     """A started coordinator server; `port` is the bound port."""
 
-    def __init__(self, grpc_server: Any, port: int) -> None:
+    def __init__(self, grpc_server: Any, port: int, limiter: limits.CallLimiter) -> None:
         self._server = grpc_server
         self.port = port
+        self.limiter = limiter
 
     def stop(self, grace_s: float = 1.0) -> bool:
         """Stop serving: open calls get `grace_s` to finish, then are cancelled. Bounded: a handler
@@ -165,20 +167,25 @@ def serve(
     snapshots: snapshot.SnapshotStore | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
-    max_workers: int = 256,
+    call_limits: limits.CallLimits | None = None,
 ) -> Server:
     """Start serving `coord` on `host:port` (0 = a free port) and return at once."""
+    bounds = call_limits or limits.CallLimits()
     options = [
         ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", protocol.MAX_MESSAGE_BYTES),
+        *bounds.server_options(),
     ]
-    interceptor = auth.TokenInterceptor(
+    # The token first: an unauthenticated call is refused before it counts against any limit.
+    token_check = auth.TokenInterceptor(
         token, on_refused=lambda _method: coord.count_refusal("UNAUTHENTICATED")
     )
+    limiter = limits.CallLimiter(bounds, on_refused=lambda _method: coord.count_refusal("RESOURCE_EXHAUSTED"))
     srv = grpc.server(
-        concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="plrl-rpc"),
-        interceptors=[interceptor],
+        concurrent.futures.ThreadPoolExecutor(max_workers=bounds.max_workers, thread_name_prefix="plrl-rpc"),
+        interceptors=[token_check, limiter],
         options=options,
+        maximum_concurrent_rpcs=bounds.max_workers,
     )
     pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(coord, snapshots), srv)
     bound = srv.add_insecure_port(f"{host}:{port}")
@@ -186,4 +193,4 @@ def serve(
         raise OSError(f"could not bind the coordinator server to {host}:{port}")
     srv.start()
     log.info("coordinator serving on %s:%d", host, bound)
-    return Server(srv, bound)
+    return Server(srv, bound, limiter)
