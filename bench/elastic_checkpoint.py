@@ -48,9 +48,11 @@ def _timed(fn: Callable[[], object]) -> float:
 def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
-    from plrl_workers import checkpoint, protocol
+    from plrl_workers import checkpoint, checkpoint_manifest, protocol
     from plrl_workers.engines import factory, training
     from plrl_workers.rl import step
+
+    key = checkpoint_manifest.signing_key("bench")  # as a job's token derives it
 
     training.init_distributed(training.Rendezvous("127.0.0.1", args.port, args.rank, args.world_size))
     world, work = dist.get_world_size(), pathlib.Path(args.work)
@@ -67,17 +69,19 @@ def rank_main(args: argparse.Namespace) -> None:
         step.train_step(engine, step.prepare(groups, 0, world, rl).micro_batches[engine.rank], rl)
         times: dict[str, list[float]] = {"save": [], "load_same": [], "load_cross": []}
         own = work / f"{run}.w{world}"
-        checkpoint.save(engine, work / f"warm-up.{run}.w{world}", 0)  # one-time imports (safetensors...)
+        checkpoint.save(
+            engine, work / f"warm-up.{run}.w{world}", 0, key=key
+        )  # one-time imports (safetensors...)
         for i in range(args.repeats):
             times["save"].append(
-                _timed(functools.partial(checkpoint.save, engine, own, i + 1, keep=args.repeats))
+                _timed(functools.partial(checkpoint.save, engine, own, i + 1, key=key, keep=args.repeats))
             )
         if args.load_from:
             mine, other = checkpoint.latest(own), checkpoint.latest(work / f"{run}.w{args.load_from}")
             assert mine is not None and other is not None
             for _ in range(args.repeats):
-                times["load_same"].append(_timed(functools.partial(checkpoint.load, engine, mine)))
-                times["load_cross"].append(_timed(functools.partial(checkpoint.load, engine, other)))
+                times["load_same"].append(_timed(functools.partial(checkpoint.load, engine, mine, key=key)))
+                times["load_cross"].append(_timed(functools.partial(checkpoint.load, engine, other, key=key)))
         report[run] = times
         engine.close()
     if dist.get_rank() == 0:

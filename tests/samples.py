@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import pathlib
+import shutil
+import tempfile
 from typing import Any
 
-from plrl_api import records, spec
+from plrl_api import identity, names, records, spec
+
+TOKEN = "t"
+
+
+@functools.cache
+def token_env() -> dict[str, str]:
+    """The environment entry that gives a worker the token `TOKEN` (a file, as a pod's mounted
+    Secret; removed when the test process exits)."""
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="plrl-token-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    return {names.ENV_TOKEN_FILE: str(identity.write_token(tmp / names.TOKEN_KEY, TOKEN))}
 
 
 def job(job_spec: dict[str, Any], **metadata: Any) -> spec.PipelineRLJob:

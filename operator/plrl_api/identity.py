@@ -1,7 +1,8 @@
 """`Identity`: which replica a worker process is, parsed from its environment in this one place.
 
-A pod's environment comes from the operator's render (downward API and the token Secret); a
-local process's from `plrl run`, which sets the same variables (`plrl_api.names.ENV_*`). The
+A pod's environment comes from the operator's render (downward API, and the path of the mounted
+token Secret); a local process's from `plrl run`, which sets the same variables
+(`plrl_api.names.ENV_*`). The token itself is read from its file, never passed in the environment. The
 worker config file is the same for every pod of a role; this is what tells them apart.
 
 Neighbours: `plrl_api.names` (the variable names), `plrl_api.worker_config` (the rest of what a
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 from collections.abc import Mapping
 
 from plrl_api import names
@@ -34,12 +36,65 @@ def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     return value
 
 
+def read_token(path: str) -> str:
+    """The job token from the file at `path` (`names.ENV_TOKEN_FILE`)."""
+    if not path:
+        raise IdentityError(f"{names.ENV_TOKEN_FILE} is not set; refusing to start unauthenticated")
+    try:
+        token = pathlib.Path(path).read_text().strip()
+    except OSError as err:
+        raise IdentityError(
+            f"{names.ENV_TOKEN_FILE}={path}: cannot read the job token: {err.strerror}"
+        ) from None
+    if not token:
+        raise IdentityError(f"{names.ENV_TOKEN_FILE}={path} is empty; refusing to start unauthenticated")
+    return token
+
+
+def write_token(path: pathlib.Path, token: str) -> pathlib.Path:
+    """Write `token` where `read_token` finds it, readable by this user only (`plrl run`)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class TLSFiles:
+    """The job's TLS files (PEM), from the Secret's directory: the CA every worker verifies the
+    coordinator with, and the coordinator's certificate and key."""
+
+    ca: bytes
+    cert: bytes
+    key: bytes
+
+
+def read_tls(secret_dir: pathlib.Path) -> TLSFiles | None:
+    """The TLS files beside the token, or None if the Secret has none (then RPCs are plain text)."""
+    if not (secret_dir / names.TLS_CA_KEY).exists():
+        return None
+    try:
+        return TLSFiles(
+            *(
+                (secret_dir / k).read_bytes()
+                for k in (names.TLS_CA_KEY, names.TLS_CERT_KEY, names.TLS_KEY_KEY)
+            )
+        )
+    except OSError as err:
+        raise IdentityError(
+            f"{secret_dir}: {names.TLS_CA_KEY} is there but not all TLS files are: {err}"
+        ) from None
+
+
 @dataclasses.dataclass(frozen=True)
 class Identity:
     """Who this process is and how it authenticates."""
 
     token: str
     """The job's RPC token: every worker-to-worker call carries it."""
+    tls: TLSFiles | None = None
+    """The job's TLS files, if its Secret has them: the coordinator serves TLS, generators verify it."""
     pod_index: int = 0
     """The pod's StatefulSet ordinal (trainer pod k holds ranks k * gpusPerTrainer + local rank)."""
     local_rank: int | None = None
@@ -63,11 +118,9 @@ class Identity:
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None) -> Identity:
         env = os.environ if env is None else env
-        token = env.get(names.ENV_TOKEN, "")
-        if not token:
-            raise IdentityError(f"{names.ENV_TOKEN} is empty; refusing to start unauthenticated")
         return Identity(
-            token=token,
+            token=read_token(env.get(names.ENV_TOKEN_FILE, "")),
+            tls=read_tls(pathlib.Path(env[names.ENV_TOKEN_FILE]).parent),
             pod_index=_int(env, names.ENV_POD_INDEX, 0) or 0,
             local_rank=_int(env, names.ENV_LOCAL_RANK, None),
             bind_host=env.get(names.ENV_BIND_HOST) or "0.0.0.0",

@@ -56,8 +56,10 @@ ANNOTATION_RELEASED: Final = "pipelinerl.io/released"
 
 # --------------------------------------------------------------------------- environment
 
-ENV_TOKEN: Final = "PLRL_TOKEN"
-"""The job's RPC token (from the job's Secret; `plrl run` makes one per run)."""
+ENV_TOKEN_FILE: Final = "PLRL_TOKEN_FILE"
+"""The file holding the job's RPC token (the job's Secret, mounted; `plrl run` writes one per run
+into its run directory). A file, not the token itself: a process's environment is readable in
+/proc/<pid>/environ and inherited by every process it starts."""
 ENV_NAMESPACE: Final = "PLRL_NAMESPACE"
 """The pod's namespace (downward API); unset outside a cluster."""
 ENV_POD_NAME: Final = "PLRL_POD_NAME"
@@ -96,6 +98,18 @@ CONFIG_DIR: Final = "/etc/plrl"
 """Where the job's ConfigMap is mounted in worker pods: `<CONFIG_DIR>/<role>.json`."""
 TOKEN_KEY: Final = "token"
 """Key of the RPC token in the job's Secret."""
+SECRET_DIR: Final = "/var/run/secrets/pipelinerl.io"
+"""Where the job's Secret is mounted in worker pods (read-only), beside the ServiceAccount's."""
+TOKEN_FILE: Final = f"{SECRET_DIR}/{TOKEN_KEY}"
+TLS_CA_KEY: Final = "ca.crt"
+"""The job's own CA certificate (PEM), in the job's Secret beside the token; its key is not kept."""
+TLS_CERT_KEY: Final = "tls.crt"
+"""The coordinator's serving certificate (PEM), signed by the job's CA for `TLS_SERVER_NAME`."""
+TLS_KEY_KEY: Final = "tls.key"
+"""The coordinator certificate's private key (PEM)."""
+TLS_SERVER_NAME: Final = "coordinator.pipelinerl.io"
+"""The name generators expect the coordinator's certificate to carry, whatever address they dial
+(pod DNS name or loopback): the job's own CA is what makes it this job's coordinator."""
 
 
 def local_process(role: Role, index: int) -> str:

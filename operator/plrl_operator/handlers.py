@@ -227,8 +227,11 @@ def _sync(job: spec_mod.PipelineRLJob, generators: int, stopped: bool) -> tuple[
     api = client()
     ns, name = job.metadata.namespace or "default", job.metadata.name
     live = api.children(ns, name)
-    token = k8s.secret_token(live, name) or secrets.token_urlsafe(32)
-    desired = render.render(job, generators, token=token, stopped=stopped)
+    token = k8s.secret_token(live, name)
+    # The Secret is written only when missing (create-only): only then are a token and TLS files made.
+    tls = None if token is not None else certs.job_tls()
+    token = token or secrets.token_urlsafe(32)
+    desired = render.render(job, generators, token=token, tls=tls, stopped=stopped)
     written = api.sync(desired, live)
     for w in written:
         metrics.OBJECT_WRITES.labels(kind=w.split("/")[0]).inc()

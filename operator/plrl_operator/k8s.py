@@ -149,9 +149,27 @@ class Client:
         return items
 
     def children(self, namespace: str, job_name: str) -> dict[tuple[str, str], dict[str, Any]]:
-        """The job's existing children by (kind, name), selected by the `pipelinerl.io/job` label."""
-        lists = self.pool.map(lambda kind: (kind, self.list_labelled(kind, namespace, job_name)), CHILD_KINDS)
+        """The job's existing children by (kind, name), selected by the `pipelinerl.io/job` label.
+        The token Secret is read by its name instead: the operator may not list Secrets, whose
+        contents every other workload in the namespace keeps there."""
+        kinds = [k for k in CHILD_KINDS if k != "Secret"]
+        lists = list(self.pool.map(lambda kind: (kind, self.list_labelled(kind, namespace, job_name)), kinds))
+        lists.append(("Secret", self.own_secret(namespace, job_name)))
         return {(kind, obj["metadata"]["name"]): obj for kind, items in lists for obj in items}
+
+    def own_secret(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        """The job's token Secret (GET by name), if it exists and carries the job's label."""
+        name = names.Names(job_name).token
+        try:
+            secret = self.request(
+                "GET", f"{CHILD_KINDS['Secret'].collection(namespace)}/{name}", kind="Secret"
+            )
+        except ApiError as err:
+            if err.status == 404:
+                return []
+            raise
+        labels = secret.get("metadata", {}).get("labels") or {}
+        return [secret] if labels.get(names.LABEL_JOB) == job_name else []
 
     # ---------------------------------------------------------------- writes
 

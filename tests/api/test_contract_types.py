@@ -83,17 +83,29 @@ def test_suspend_is_not_part_of_the_worker_config() -> None:
     assert '"suspend"' not in worker_config.dump(running)
 
 
-def test_identity_from_env() -> None:
-    with pytest.raises(identity.IdentityError, match=names.ENV_TOKEN):
+def test_identity_from_env(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(identity.IdentityError, match=f"{names.ENV_TOKEN_FILE} is not set"):
         identity.Identity.from_env({})
+    missing = tmp_path / "nope"
+    with pytest.raises(identity.IdentityError, match=f"{names.ENV_TOKEN_FILE}={missing}: cannot read"):
+        identity.Identity.from_env({names.ENV_TOKEN_FILE: str(missing)})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(identity.IdentityError, match="is empty; refusing to start unauthenticated"):
+        identity.Identity.from_env({names.ENV_TOKEN_FILE: str(tmp_path / "empty")})
+    token = samples.token_env()
     with pytest.raises(identity.IdentityError, match=f"{names.ENV_POD_INDEX}='x' must be an integer"):
-        identity.Identity.from_env({names.ENV_TOKEN: "t", names.ENV_POD_INDEX: "x"})
-    pod = identity.Identity.from_env({names.ENV_TOKEN: "t", names.ENV_POD_INDEX: "3"})
+        identity.Identity.from_env(token | {names.ENV_POD_INDEX: "x"})
+    pod = identity.Identity.from_env(token | {names.ENV_POD_INDEX: "3"})
     assert (pod.pod_index, pod.local_rank, pod.pod_name, pod.bind_host) == (3, None, None, "0.0.0.0")
-    rank = identity.Identity.from_env(
-        {names.ENV_TOKEN: "t", names.ENV_POD_INDEX: "3", names.ENV_LOCAL_RANK: "1"}
-    )
+    assert pod.token == samples.TOKEN
+    rank = identity.Identity.from_env(token | {names.ENV_POD_INDEX: "3", names.ENV_LOCAL_RANK: "1"})
     assert rank.rank(gpus_per_pod=4) == 13
+
+
+def test_plrl_run_writes_the_token_for_its_user_only(tmp_path: pathlib.Path) -> None:
+    path = identity.write_token(tmp_path / "secret" / "token", "s3cret")
+    assert identity.read_token(str(path)) == "s3cret"
+    assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)
 
 
 def test_step_records_read_back() -> None:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from plrl_api import names, spec, worker_config
-from plrl_operator import jobfile, render, render_cli
+from plrl_operator import certs, jobfile, render, render_cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = pathlib.Path(__file__).parent / "golden"
@@ -244,24 +244,34 @@ def test_peers_come_from_services_and_the_pod_index_not_hostfiles() -> None:
         env = {e["name"]: e for e in _container(_sts(objects, role))["env"]}
         # Who the pod is comes from the downward API; everything else is in the config file.
         assert sorted(env) == sorted(
-            [names.ENV_NAMESPACE, names.ENV_POD_NAME, names.ENV_POD_INDEX, names.ENV_TOKEN]
+            [names.ENV_NAMESPACE, names.ENV_POD_NAME, names.ENV_POD_INDEX, names.ENV_TOKEN_FILE]
         )
         assert env["PLRL_POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
             "metadata.labels['apps.kubernetes.io/pod-index']"
         )
-        assert env["PLRL_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "qwen-math-token", "key": "token"}
+        # The token is a file from the job's Secret, never an env var (env is readable in /proc
+        # and inherited by every child process).
+        assert env["PLRL_TOKEN_FILE"] == {"name": "PLRL_TOKEN_FILE", "value": names.TOKEN_FILE}
+        pod = _sts(objects, role)["spec"]["template"]["spec"]
+        (secret,) = [v for v in pod["volumes"] if "secret" in v]
+        assert secret["secret"] == {"secretName": "qwen-math-token"}
+        mounts = {m["name"]: m for m in _container(_sts(objects, role))["volumeMounts"]}
+        assert mounts[secret["name"]] == {"name": "secret", "mountPath": names.SECRET_DIR, "readOnly": True}
+        assert not any("secretKeyRef" in str(e) for e in env.values())
     svc = _by_kind(objects)[("Service", "qwen-math-train")]
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert _sts(objects, "trainer")["spec"]["serviceName"] == "qwen-math-train"
     assert _sts(objects, "trainer")["spec"]["podManagementPolicy"] == "Parallel"
 
 
-def test_token_changes_only_the_secret() -> None:
-    a, b = render.render(_example(), 6, token="one"), render.render(_example(), 6, token="two")
+def test_token_and_tls_files_change_only_the_secret() -> None:
+    tls = certs.job_tls()
+    a, b = render.render(_example(), 6, token="one"), render.render(_example(), 6, token="two", tls=tls)
     differ = [x["kind"] for x, y in zip(a, b, strict=True) if x != y]
     assert differ == ["Secret"]
     secret = _by_kind(b)[("Secret", "qwen-math-token")]
-    assert secret["stringData"] == {"token": "two"}
+    assert secret["stringData"] == {"token": "two"} | {k: v.decode() for k, v in tls.items()}
+    assert set(tls) == {names.TLS_CA_KEY, names.TLS_CERT_KEY, names.TLS_KEY_KEY}
     assert names.ANNOTATION_DESIRED_HASH not in secret["metadata"]["annotations"], "no digest of the token"
 
 

@@ -13,6 +13,7 @@ import pytest
 from plrl_api import names, plan, worker_config
 from plrl_api import spec as spec_mod
 from plrl_workers import __main__ as entry
+from tests import samples
 
 
 def _config(tmp_path: pathlib.Path, model_dir: pathlib.Path) -> pathlib.Path:
@@ -46,7 +47,7 @@ def test_a_model_directory_that_is_not_there(
     model = tmp_path / "models" / "tiny"
     if make:
         model.mkdir(parents=True)
-    monkeypatch.setenv(names.ENV_TOKEN, "t")
+    monkeypatch.setenv(names.ENV_TOKEN_FILE, samples.token_env()[names.ENV_TOKEN_FILE])
     assert entry.main(["--role", "trainer", "--config", str(_config(tmp_path, model))]) == 2
     err = capsys.readouterr().err.strip()
     why = "no config.json in it" if make else "no such directory"

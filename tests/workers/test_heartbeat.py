@@ -53,7 +53,7 @@ def _worker_config(role: names.Role) -> worker_config.WorkerConfig:
 def _pod(pod: str) -> identity.Identity:
     """A pod's identity as its env gives it (downward API)."""
     return identity.Identity.from_env(
-        {names.ENV_TOKEN: "t", names.ENV_NAMESPACE: "ns", names.ENV_POD_NAME: pod, names.ENV_POD_INDEX: "0"}
+        samples.token_env() | {names.ENV_NAMESPACE: "ns", names.ENV_POD_NAME: pod, names.ENV_POD_INDEX: "0"}
     )
 
 
@@ -182,7 +182,7 @@ def test_target_from_the_rendered_config_and_the_pods_env() -> None:
 def test_plrl_run_processes_beat_into_the_run_directory(tmp_path: pathlib.Path) -> None:
     cfg = _worker_config("generator")
     cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"run_dir": str(tmp_path)})})
-    local = identity.Identity.from_env({names.ENV_TOKEN: "t", names.ENV_POD_INDEX: "1"})  # as plrl run sets
+    local = identity.Identity.from_env(samples.token_env() | {names.ENV_POD_INDEX: "1"})  # as plrl run sets
     beat = heartbeat.start(cfg, local, lambda: records.WorkerReport(role="generator", weight_version=4))
     assert beat is not None and not beat.in_cluster
     path = tmp_path / records.HEARTBEAT_DIR / "generator-1.json"
@@ -203,7 +203,7 @@ def test_plrl_run_processes_beat_into_the_run_directory(tmp_path: pathlib.Path) 
 def test_outside_a_cluster_nothing_starts(caplog: pytest.LogCaptureFixture) -> None:
     cfg = _worker_config("trainer")
     cfg = cfg.model_copy(update={"paths": cfg.paths.model_copy(update={"run_dir": None})})
-    local = identity.Identity.from_env({names.ENV_TOKEN: "t"})  # no pod, no run directory
+    local = identity.Identity.from_env(samples.token_env())  # no pod, no run directory
     assert heartbeat.target(cfg, local) is None
     assert heartbeat.start(cfg, local, lambda: records.WorkerReport(role="trainer"), env={}) is None
     # A pod without credentials (e.g. automountServiceAccountToken: false): said once, then trains on.

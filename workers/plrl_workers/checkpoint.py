@@ -7,7 +7,10 @@ Layout of `<root>/step-00000042/`:
 - `engine.json` (backend, version, world size; for DeepSpeed also the ZeRO stage, tag and partition
   files), `rng/rank<r>.pt` (torch, CUDA and Python RNG state of every rank), and `meta.json`: step,
   version, and an opaque JSON blob from the caller (the coordinator's prompt accounting, data
-  cursor...).
+  cursor...);
+- `manifest.json`, written last: every file's SHA-256, signed with the job's token
+  (`checkpoint_manifest.py`). `load` refuses a checkpoint it does not verify, before opening any
+  file: its pickles could run code.
 
 A checkpoint loads at any world size (an elastic restart: the trainers come back with another number
 of ranks): both backends restore the weights and the whole optimizer state exactly (DeepSpeed re-cuts
@@ -36,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+from plrl_workers import checkpoint_manifest
 
 if TYPE_CHECKING:
     from plrl_workers.engines import base
@@ -138,11 +143,13 @@ def save(
     root: str | pathlib.Path,
     step: int,
     *,
+    key: bytes,
     extra: dict[str, Any] | None = None,
     keep: int = 3,
     tokenizer_from: str | pathlib.Path | None = None,
 ) -> pathlib.Path:
-    """Collective: write checkpoint `step` atomically, prune to `keep`; returns its directory."""
+    """Collective: write checkpoint `step` atomically, signed with `key`
+    (`checkpoint_manifest.signing_key`), prune to `keep`; returns its directory."""
     root = pathlib.Path(root)
     final = root / dir_name(step)
     tmp = root / f".tmp-{dir_name(step)}"
@@ -165,6 +172,7 @@ def save(
                     shutil.copy2(src, tmp / "model" / name)
         meta = {"step": step, "version": engine.version, "created": time.time(), "extra": json.loads(blob)}
         _write_json(tmp / "meta.json", meta)
+        checkpoint_manifest.write(tmp, key)
         if final.exists():
             old = root / f".old-{dir_name(step)}"
             shutil.rmtree(old, ignore_errors=True)
@@ -183,9 +191,11 @@ def save(
     return final
 
 
-def load(engine: base.TrainingEngine, path: str | pathlib.Path) -> Meta:
-    """Collective: restore the engine (weights, optimizer, version) and this rank's RNG state."""
+def load(engine: base.TrainingEngine, path: str | pathlib.Path, *, key: bytes) -> Meta:
+    """Collective: restore the engine (weights, optimizer, version) and this rank's RNG state from a
+    checkpoint signed with `key`; `checkpoint_manifest.CheckpointRefused` (nothing loaded) if not."""
     p = pathlib.Path(path)
+    checkpoint_manifest.verify(p, key)
     meta = read_meta(p)
     engine.load_checkpoint(p)
     if engine.version != meta.version:
@@ -196,7 +206,7 @@ def load(engine: base.TrainingEngine, path: str | pathlib.Path) -> Meta:
     return meta
 
 
-def resume(engine: base.TrainingEngine, root: str | pathlib.Path) -> Meta | None:
+def resume(engine: base.TrainingEngine, root: str | pathlib.Path, *, key: bytes) -> Meta | None:
     """Load the latest checkpoint under `root` if there is one; None means start fresh."""
     p = latest(root)
-    return load(engine, p) if p is not None else None
+    return load(engine, p, key=key) if p is not None else None

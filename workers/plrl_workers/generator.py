@@ -520,7 +520,9 @@ def build(
         seed=spec.training.seed + ident.pod_index,
         stop_token_ids=(tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else (),
     )
-    coord = client_mod.CoordinatorClient(cfg.endpoints.coordinator, ident.token)
+    coord = client_mod.CoordinatorClient(
+        cfg.endpoints.coordinator, ident.token, tls_ca=ident.tls.ca if ident.tls else None
+    )
     worker_metrics = metrics.WorkerMetrics("generator")
     gen = Generator(
         generator_id=name or names.Names(cfg.job.name).pod(names.GENERATOR, ident.pod_index),

@@ -35,15 +35,17 @@ import time
 from typing import Any
 
 import numpy
+import torch
 import torch.distributed as dist
 
 from plrl_api import identity, names, records, worker_config
 from plrl_api import spec as spec_mod
-from plrl_workers import checkpoint, heartbeat, lifecycle, metrics, protocol
+from plrl_workers import checkpoint, checkpoint_manifest, heartbeat, lifecycle, metrics, protocol
 from plrl_workers.coordinator import core as coordinator
 from plrl_workers.engines import base as engines
 from plrl_workers.engines import factory, training
 from plrl_workers.rl import step as rl_step
+from plrl_workers.rpc import convert as rpc_convert
 from plrl_workers.rpc import limits as rpc_limits
 from plrl_workers.rpc import server as rpc_server
 from plrl_workers.tasks import base as tasks
@@ -155,6 +157,7 @@ class Coordination:
             host=ident.bind_host,
             port=port,
             call_limits=rpc_limits.for_job(spec.resources.total_gpus, ident.bind_host),
+            tls=(ident.tls.key, ident.tls.cert) if ident.tls else None,
         )
         ws_host, ws_port = worker_config.split_host_port(cfg.endpoints.weight_sync)
         # gloo when generators may share this GPU (plrl run on fewer GPUs than the job's)
@@ -290,11 +293,24 @@ def forget_steps_after(metrics_file: pathlib.Path, step: int) -> int:
     return len(rows) - len(kept)
 
 
-def _broadcast_groups(groups: list[protocol.RolloutGroup] | None, rank: int) -> list[protocol.RolloutGroup]:
-    box: list[Any] = [groups if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    out: list[protocol.RolloutGroup] = box[0]
-    return out
+def broadcast_groups(groups: list[protocol.RolloutGroup] | None, rank: int) -> list[protocol.RolloutGroup]:
+    """Rank 0's batch on every rank (collective), sent as protobuf bytes in a uint8 tensor: the
+    peers decode data, never unpickle it (`broadcast_object_list` would run whatever it was sent)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    data = rpc_convert.groups_to_bytes(groups or []) if rank == 0 else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    n = int(size.item())
+    if n == 0:
+        return []
+    if rank == 0:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(n, dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=0)
+    if rank == 0:
+        return groups or []
+    return rpc_convert.groups_from_bytes(buf.cpu().numpy().tobytes())
 
 
 class TrainLoop:
@@ -339,7 +355,8 @@ class TrainLoop:
             raise RuntimeError("a TrainLoop given an engine needs a process group: training.init_distributed")
         self.engine = engine
         self.ckpt_root = pathlib.Path(cfg.paths.checkpoint_dir)
-        meta = checkpoint.resume(self.engine, self.ckpt_root)
+        self.ckpt_key = checkpoint_manifest.signing_key(ident.token)
+        meta = checkpoint.resume(self.engine, self.ckpt_root, key=self.ckpt_key)
         self.step = meta.step if meta else 0
         if meta:
             log.info("resumed from %s: step %d, weight version %d", self.ckpt_root, meta.step, meta.version)
@@ -384,7 +401,7 @@ class TrainLoop:
         """One optimizer step on B fresh samples; False if the job stopped before a full batch."""
         hub, engine = self.hub, self.engine
         t0 = time.perf_counter()
-        groups = _broadcast_groups(hub.take(self.n_groups, self.stop) if hub else None, self.ranks.rank)
+        groups = broadcast_groups(hub.take(self.n_groups, self.stop) if hub else None, self.ranks.rank)
         t_busy = time.perf_counter()
         if len(groups) < self.n_groups:
             self.out_of_prompts = not self.stop.is_set()
@@ -422,6 +439,7 @@ class TrainLoop:
                 engine,
                 self.ckpt_root,
                 self.step,
+                key=self.ckpt_key,
                 extra=extra,
                 keep=ckpt.keep,
                 tokenizer_from=self.cfg.paths.model_dir,

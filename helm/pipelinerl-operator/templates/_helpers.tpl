@@ -46,9 +46,11 @@ Lease verbs beyond the list/watch its own cache needs.
 - apiGroups: [""]
   resources: [configmaps, services, serviceaccounts]
   verbs: [get, list, create, patch]
+# Secrets: only the job's token Secret, created once and read back by its name; never list or watch
+# (that would read every Secret in the namespace).
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [list, create]
+  verbs: [get, create]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, list, create, patch]

@@ -35,9 +35,9 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from plrl_api import names, plan, records, worker_config
+from plrl_api import identity, names, plan, records, worker_config
 from plrl_api import spec as spec_mod
-from plrl_operator import jobfile
+from plrl_operator import certs, jobfile
 from plrl_operator.local import autoscaling, chaos, chaos_report, devices, processes, report
 from plrl_operator.policy import decide, health
 
@@ -129,17 +129,36 @@ def write_configs(
     return out
 
 
+def token_path(run_dir: pathlib.Path) -> pathlib.Path:
+    """Where a run keeps its job token (the cluster's Secret): `<run_dir>/secret/token`, 0600."""
+    return run_dir / "secret" / names.TOKEN_KEY
+
+
+def run_secret(run_dir: pathlib.Path) -> str:
+    """The run's token and TLS files in `<run_dir>/secret/` (what a job's Secret holds); kept when
+    the run is resumed (its checkpoints are signed with the token). Returns the token."""
+    path = token_path(run_dir)
+    try:
+        token = identity.read_token(str(path))
+    except identity.IdentityError:
+        token = secrets.token_urlsafe(24)
+        identity.write_token(path, token)
+    if not (path.parent / names.TLS_CA_KEY).exists():
+        certs.write_files(path.parent, certs.job_tls())
+    return token
+
+
 def process_specs(
     pod_plan: plan.PodPlan,
     configs: dict[names.Role, pathlib.Path],
-    token: str,
+    token_file: pathlib.Path,
     run_dir: pathlib.Path,
     gpus: devices.Placements,
 ) -> list[processes.ProcessSpec]:
     """One process per accelerator: trainer ranks first (rank 0 is the coordinator), then generators,
     each seeing the GPUs `gpus` gives it."""
     common = {
-        names.ENV_TOKEN: token,
+        names.ENV_TOKEN_FILE: str(token_file),
         names.ENV_BIND_HOST: LOOPBACK,
         # Several workers share this machine's cores; one thread each avoids oversubscription
         # (measured: 2 threads per process on 2 shared cores made small ops 20x slower).
@@ -238,7 +257,7 @@ class Launch:
         return write_configs(self.job, self.pod_plan, self.paths, cfg_dir, self.endpoints)
 
     def specs(self) -> list[processes.ProcessSpec]:
-        return process_specs(self.pod_plan, self.configs(), self.token, self.run_dir, self.gpus)
+        return process_specs(self.pod_plan, self.configs(), token_path(self.run_dir), self.run_dir, self.gpus)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -537,7 +556,7 @@ def run(
         pod_plan,
         paths,
         run_dir,
-        token=secrets.token_urlsafe(24),
+        token=run_secret(run_dir),
         gpus=gpus,
         endpoints=loopback_endpoints(gpus.shared),
     )

@@ -11,6 +11,7 @@ Neighbours: `render.common`, `render.config`, `render.workers` (the builders);
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from plrl_api import names, plan
@@ -23,17 +24,19 @@ def render(
     generators: int,
     *,
     token: str = common.TOKEN_PLACEHOLDER,
+    tls: Mapping[str, bytes] | None = None,
     stopped: bool = False,
 ) -> list[dict[str, Any]]:
     """Every child object of `job` with I = `generators` accelerators generating.
 
     `token` is the job's RPC token; the operator passes the live Secret's value (or a fresh random
-    one at creation). The default placeholder is for `plrl render` and golden tests. `stopped`
+    one at creation), and at creation the job's TLS files (`certs.job_tls`; without them workers
+    talk in plain text). The default placeholder is for `plrl render` and golden tests. `stopped`
     (the job succeeded or failed) scales both StatefulSets to zero, like `spec.suspend`.
     """
     pod_plan = plan.PodPlan.of(job.spec, generators)
     cm = config.config_map(job, pod_plan)
-    objects: list[dict[str, Any]] = [cm, config.token_secret(job, token)]
+    objects: list[dict[str, Any]] = [cm, config.token_secret(job, token, tls)]
     if job.spec.resources.service_account_name is None:
         objects += config.worker_rbac(job)
     objects += [workers.service(job, role) for role in names.ROLES]

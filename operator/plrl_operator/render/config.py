@@ -16,6 +16,7 @@ Neighbours: `render.common` (names, labels), `render.workers` (pods that mount t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from plrl_api import names, plan, worker_config
@@ -69,16 +70,14 @@ def config_map(job: spec_mod.PipelineRLJob, pod_plan: plan.PodPlan) -> dict[str,
     }
 
 
-def token_secret(job: spec_mod.PipelineRLJob, token: str) -> dict[str, Any]:
+def token_secret(
+    job: spec_mod.PipelineRLJob, token: str, tls: Mapping[str, bytes] | None = None
+) -> dict[str, Any]:
+    """The job's Secret: its RPC token and, from the operator, its TLS files (`certs.job_tls`)."""
     meta = common.metadata(job, names.Names(job.metadata.name).token)
     meta["annotations"] = {names.ANNOTATION_CREATE_ONLY: "true"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": meta,
-        "type": "Opaque",
-        "stringData": {names.TOKEN_KEY: token},
-    }
+    data = {names.TOKEN_KEY: token} | {k: v.decode() for k, v in (tls or {}).items()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "stringData": data}
 
 
 def worker_rbac(job: spec_mod.PipelineRLJob) -> list[dict[str, Any]]:

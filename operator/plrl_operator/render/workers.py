@@ -58,7 +58,8 @@ def service(job: spec_mod.PipelineRLJob, role: names.Role) -> dict[str, Any]:
 
 
 def _env(job: spec_mod.PipelineRLJob) -> list[dict[str, Any]]:
-    """Who the pod is (downward API) and the job's token; everything else is in the config file."""
+    """Who the pod is (downward API) and where the job's token is mounted (`_volumes`); everything
+    else is in the config file."""
 
     def field(path: str) -> dict[str, Any]:
         return {"fieldRef": {"fieldPath": path}}
@@ -67,27 +68,25 @@ def _env(job: spec_mod.PipelineRLJob) -> list[dict[str, Any]]:
         {"name": names.ENV_NAMESPACE, "valueFrom": field("metadata.namespace")},
         {"name": names.ENV_POD_NAME, "valueFrom": field("metadata.name")},
         {"name": names.ENV_POD_INDEX, "valueFrom": field(f"metadata.labels['{names.LABEL_POD_INDEX}']")},
-        {
-            "name": names.ENV_TOKEN,
-            "valueFrom": {
-                "secretKeyRef": {"name": names.Names(job.metadata.name).token, "key": names.TOKEN_KEY}
-            },
-        },
+        {"name": names.ENV_TOKEN_FILE, "value": names.TOKEN_FILE},
     ]
 
 
 def _volumes(
     job: spec_mod.PipelineRLJob, role: names.Role
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, mounts): config files, the token-free /dev/shm, and the spec's PVCs."""
+    """(volumes, mounts): config files, the job's Secret, /dev/shm, and the spec's PVCs."""
     s = job.spec
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": names.Names(job.metadata.name).config}},
+        # The token as a file, not an env var: env is readable in /proc and inherited by children.
+        {"name": "secret", "secret": {"secretName": names.Names(job.metadata.name).token}},
         # NCCL and vLLM move tensors through shared memory; the container default (64 MiB) is too small.
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True},
+        {"name": "secret", "mountPath": names.SECRET_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
 

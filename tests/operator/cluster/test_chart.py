@@ -185,6 +185,8 @@ def test_installed_crd_and_service_account_permissions(chart: support.Chart, kub
     assert can("delete", "pipelinerljobs.pipelinerl.io") == "no"
     assert can("delete", "pods") == "yes"  # a hung worker's, to replace it
     assert can("watch", "nodes") == "yes" and can("patch", "nodes") == "no"  # NotReady: read only
-    assert can("get", "secrets") == "no"
+    # Secrets: create the job's own and read it back by name; never list or watch them all.
+    assert (can("create", "secrets"), can("get", "secrets")) == ("yes", "yes")
+    assert (can("list", "secrets"), can("watch", "secrets"), can("patch", "secrets")) == ("no", "no", "no")
     assert can("create", "pods") == "no"
     assert can("create", "validatingwebhookconfigurations.admissionregistration.k8s.io") == "no"

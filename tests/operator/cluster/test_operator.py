@@ -15,13 +15,16 @@ behind.
 
 from __future__ import annotations
 
+import base64
 import json
 import pathlib
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from cryptography import x509
 
+from plrl_api import names
 from tests.infra import node_agent, nodes, tools
 from tests.operator.cluster import support
 from tests.operator.cluster.support import eventually
@@ -169,6 +172,11 @@ def test_example_job_runs_on_matching_gpu_nodes(
 
     secret = _get(kubectl, "secret", "qwen-math-token", "-n", namespace)
     assert secret is not None and len(secret["data"]["token"]) >= 40  # random, base64: not the placeholder
+    # The job's own CA and the coordinator's certificate for TLS: made once, with the Secret.
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"][names.TLS_CA_KEY]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"][names.TLS_CERT_KEY]))
+    assert cert.issuer == ca.subject and names.TLS_KEY_KEY in secret["data"]
+    assert names.TLS_SERVER_NAME in str(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName))
     can = kubectl(
         "auth", "can-i", "update", "leases.coordination.k8s.io",
         f"--as=system:serviceaccount:{namespace}:qwen-math-worker", "-n", namespace, check=False,

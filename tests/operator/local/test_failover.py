@@ -223,6 +223,12 @@ def test_killing_plrl_run_leaves_no_worker_running(tmp_path: pathlib.Path, run_d
             if c.status == psutil.CONN_LISTEN
         }
         assert len(listening) >= 4 and all(_loopback(ip) for _, ip, _ in listening), listening
+        # The job token reaches workers as a file only this user may read, never in their
+        # environment (readable in /proc, inherited by every process a worker starts).
+        token_file = runner.token_path(run_dir)
+        token = token_file.read_text()
+        assert token and token_file.stat().st_mode & 0o777 == 0o600
+        assert all(token not in "".join(f"{k}={v}" for k, v in p.environ().items()) for p in workers)
         tree.proc.send_signal(signal.SIGKILL)  # no chance to stop anything itself
         tree.proc.wait(10)
         # The kernel's parent-death signal (SIGTERM) reaches every worker, which stops within its

@@ -1,6 +1,8 @@
 """A thin typed client for the coordinator: one method per RPC, plain runtime types in and out.
 
-Every call carries the job token (`rpc/auth.py`). Failures of a whole call raise `grpc.RpcError`
+Every call carries the job token (`rpc/auth.py`); with `tls_ca` (the job's CA) the channel is TLS
+and the coordinator must present the job's certificate, so the token never crosses the network in
+clear and reaches no impostor. Failures of a whole call raise `grpc.RpcError`
 (`.code()` is e.g. UNAUTHENTICATED, FAILED_PRECONDITION); refusals of single rollout groups come back
 as `protocol.SubmitResult`s with a non-OK `code`, and the stream goes on.
 
@@ -27,6 +29,7 @@ from typing import Any
 import grpc
 import torch
 
+from plrl_api import names
 from plrl_workers import protocol
 from plrl_workers.rpc import auth, convert, limits
 from plrl_workers.rpc.generated import plrl_pb2 as pb
@@ -81,8 +84,9 @@ class CoordinatorClient:
         *,
         timeout_s: float = 30.0,
         max_reconnect_backoff_s: float | None = MAX_RECONNECT_BACKOFF_S,
+        tls_ca: bytes | None = None,
     ) -> None:
-        options: list[tuple[str, int]] = [
+        options: list[tuple[str, int | str]] = [
             ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", protocol.MAX_MESSAGE_BYTES),
             *limits.client_options(),
@@ -93,7 +97,14 @@ class CoordinatorClient:
                 ("grpc.initial_reconnect_backoff_ms", int(initial * 1000)),
                 ("grpc.max_reconnect_backoff_ms", int(max_reconnect_backoff_s * 1000)),
             ]
-        self._channel = grpc.insecure_channel(target, options=options)
+        if tls_ca is None:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            # The job's own CA signs exactly one certificate, the coordinator's, under a fixed
+            # name: whatever address is dialled (pod DNS name, loopback), that name is checked.
+            options.append(("grpc.ssl_target_name_override", names.TLS_SERVER_NAME))
+            creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
+            self._channel = grpc.secure_channel(target, creds, options=options)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
         self._md = auth.metadata(token)
         self._timeout_s = timeout_s

@@ -125,6 +125,41 @@ def group_from_pb(m: Message) -> protocol.RolloutGroup:
     )
 
 
+_LENGTH = numpy.dtype("<u4")
+
+
+def groups_to_bytes(groups: list[protocol.RolloutGroup]) -> bytes:
+    """Groups as bytes for trainer rank 0 to broadcast to its peers: each group's RolloutGroup
+    message after its length (uint32). Protobuf, not pickle: a peer decodes data, never code."""
+    parts = []
+    for g in groups:
+        body = group_to_pb(g).SerializeToString()
+        parts += [numpy.array([len(body)], dtype=_LENGTH).tobytes(), body]
+    return b"".join(parts)
+
+
+def groups_from_bytes(data: bytes) -> list[protocol.RolloutGroup]:
+    """The inverse of `groups_to_bytes`; ValueError on bytes it did not make."""
+    out, at = [], 0
+    while at < len(data):
+        if at + _LENGTH.itemsize > len(data):
+            raise ValueError(f"rollout batch: {len(data) - at} trailing bytes, not a length")
+        (n,) = numpy.frombuffer(data, dtype=_LENGTH, count=1, offset=at)
+        at += _LENGTH.itemsize
+        if at + int(n) > len(data):
+            raise ValueError(
+                f"rollout batch: a group of {int(n)} bytes at {at} runs past the end ({len(data)})"
+            )
+        m = pb.RolloutGroup()
+        try:
+            m.ParseFromString(data[at : at + int(n)])
+        except Exception as exc:  # google.protobuf.message.DecodeError
+            raise ValueError(f"rollout batch: the group at byte {at} does not decode: {exc}") from None
+        out.append(group_from_pb(m))
+        at += int(n)
+    return out
+
+
 def ack_to_pb(r: protocol.SubmitResult) -> Message:
     return pb.SubmitAck(lease_id=r.lease_id, code=r.code.name, message=r.message)
 

@@ -168,8 +168,10 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 0,
     call_limits: limits.CallLimits | None = None,
+    tls: tuple[bytes, bytes] | None = None,
 ) -> Server:
-    """Start serving `coord` on `host:port` (0 = a free port) and return at once."""
+    """Start serving `coord` on `host:port` (0 = a free port) and return at once; over TLS with
+    `tls` = (private key, certificate chain), PEM (the job's, `names.TLS_SERVER_NAME`)."""
     bounds = call_limits or limits.CallLimits()
     options = [
         ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
@@ -188,9 +190,14 @@ def serve(
         maximum_concurrent_rpcs=bounds.max_workers,
     )
     pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(coord, snapshots), srv)
-    bound = srv.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = (
+        srv.add_insecure_port(address)
+        if tls is None
+        else srv.add_secure_port(address, grpc.ssl_server_credentials([tls]))
+    )
     if bound == 0:
         raise OSError(f"could not bind the coordinator server to {host}:{port}")
     srv.start()
-    log.info("coordinator serving on %s:%d", host, bound)
+    log.info("coordinator serving on %s:%d (%s)", host, bound, "TLS" if tls else "plain text")
     return Server(srv, bound, limiter)

@@ -26,9 +26,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from plrl_workers import checkpoint, protocol
+from plrl_workers import checkpoint, checkpoint_manifest, protocol
 from plrl_workers.engines import base, factory, training
 from plrl_workers.rl import losses, step
+
+KEY = checkpoint_manifest.signing_key("test-job-token")
+"""What every test checkpoint is signed with (a job's token derives it)."""
 
 RL = step.RLConfig(
     loss=losses.LossConfig("reinforce_tis", is_clamp=2.0),
@@ -132,11 +135,11 @@ def run_checkpoint(model: str, run: str, phase: str, out: pathlib.Path) -> None:
         torch.save({"params": params(engine)}, out / f"{run}.after3.rank{rank}.pt")
         for s in (1, 2, 3):  # the same weights saved thrice: exercises retention
             extra = {"prompts_issued": 12 * s, "cursor": [s, "x"]}
-            checkpoint.save(engine, root, s, extra=extra, keep=2, tokenizer_from=model)
+            checkpoint.save(engine, root, s, key=KEY, extra=extra, keep=2, tokenizer_from=model)
         train(engine, 3, 2)
         torch.save({"params": params(engine)}, out / f"{run}.interrupted.rank{rank}.pt")
     else:
-        meta = checkpoint.resume(engine, root)
+        meta = checkpoint.resume(engine, root, key=KEY)
         assert meta is not None
         train(engine, meta.step, 2)
         info = {"step": meta.step, "version": meta.version, "extra": meta.extra}
@@ -179,7 +182,7 @@ def run_elastic_save(model: str, run: str, out: pathlib.Path) -> None:
     root = out / f"elastic.{run}.w{dist.get_world_size()}"
     engine = engine_for(model, run)
     train(engine, 0, ELASTIC_STEPS)
-    checkpoint.save(engine, root, ELASTIC_STEPS, tokenizer_from=model)
+    checkpoint.save(engine, root, ELASTIC_STEPS, key=KEY, tokenizer_from=model)
     state = optimizer_state(engine)
     train(engine, ELASTIC_STEPS, 1)
     if dist.get_rank() == 0:
@@ -196,7 +199,7 @@ def run_elastic_load(model: str, root: pathlib.Path, out: pathlib.Path) -> None:
     path = checkpoint.latest(root)
     assert path is not None, root
     try:
-        meta = checkpoint.load(engine, path)
+        meta = checkpoint.load(engine, path, key=KEY)
     except ValueError as err:
         (out / f"{result}.error.txt").write_text(str(err))
         engine.close()

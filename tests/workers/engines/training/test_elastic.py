@@ -7,14 +7,17 @@ Each backend trains `_worker.ELASTIC_STEPS` steps at W ranks, checkpoints, and t
 after the same step on the same global batch its parameters agree with the reference within
 test_backends.TOL. A checkpoint whose engine.json predates the elastic load (no tag, no partition
 list) still loads at its own world size, exactly. An incomplete checkpoint is refused with its path
-and the missing file. Without ranks, on partition files made here: the re-cut gives every new rank
-its slice (also 2 -> 3, 3 -> 2, 4 -> 3), and partitions of another model or save are refused.
+and the missing file; one whose ZeRO partition was replaced after the save (by a pickle that would
+run code) is refused before anything unpickles it. Without ranks, on partition files made here: the
+re-cut gives every new rank its slice (also 2 -> 3, 3 -> 2, 4 -> 3), and partitions of another
+model or save are refused.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import pickle
 import shutil
 from types import SimpleNamespace
 from typing import Any
@@ -22,12 +25,24 @@ from typing import Any
 import pytest
 import torch
 
+from plrl_workers import checkpoint_manifest
 from plrl_workers.engines import deepspeed_engine, zero_reshard
 from tests.workers.engines.training import _worker, conftest
 from tests.workers.engines.training.test_backends import TOL, _max_diff
 
 RUNS = conftest.ELASTIC_RUNS
 LEGACY = "elastic.zero2.w2-legacy"
+TAMPERED = "elastic.zero2.w2-tampered"
+
+
+class _RunsCode:
+    """Unpickled, it creates `marker`: what an attacker's file would do instead."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (open, (str(self.marker), "w"))
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +60,12 @@ def resized(
     for engine_json in (out / LEGACY).glob("step-*/engine.json"):
         meta = json.loads(engine_json.read_text())
         engine_json.write_text(json.dumps({k: meta[k] for k in ("backend", "version", "world_size")}))
-    roots = f"{conftest.elastic_roots(one_rank, 1)},{out / LEGACY}"
+        checkpoint_manifest.write(engine_json.parent, _worker.KEY)  # as if saved like that
+    # One partition file replaced by a pickle that runs code when DeepSpeed unpickles it.
+    shutil.copytree(two_ranks / "elastic.zero2.w2", out / TAMPERED)
+    (partition,) = (out / TAMPERED).glob("step-*/deepspeed/state/zero_pp_rank_1_*optim_states.pt")
+    partition.write_bytes(pickle.dumps(_RunsCode(out / "code-ran")))
+    roots = f"{conftest.elastic_roots(one_rank, 1)},{out / LEGACY},{out / TAMPERED}"
     conftest.launch_ranks(2, ["--model", str(tiny_model_dir), "--out", str(out), "--elastic-load", roots])
     return {(2, 2): two_ranks, (1, 1): one_rank, (2, 1): one_rank, (1, 2): out}
 
@@ -90,6 +110,17 @@ def test_a_checkpoint_from_before_the_elastic_load_still_loads(
     old = _load(resized[1, 2], f"{LEGACY}.to2")
     _assert_same_state(old["state"], reference["state"])
     assert _max_diff(old["params"], reference["params"]) == 0.0  # the same-size path: DeepSpeed's own
+
+
+@pytest.mark.slow
+def test_a_checkpoint_file_changed_after_the_save_is_refused_before_anything_unpickles_it(
+    resized: dict[tuple[int, int], pathlib.Path],
+) -> None:
+    out = resized[1, 2]
+    error = (out / f"{TAMPERED}.to2.error.txt").read_text()
+    assert "deepspeed/state/zero_pp_rank_1_mp_rank_00_optim_states.pt changed after it was saved" in error
+    assert not (out / "code-ran").exists()
+    assert not (out / f"{TAMPERED}.to2.pt").exists()
 
 
 def test_an_incomplete_deepspeed_checkpoint_is_refused_with_its_path_and_the_missing_file(
