@@ -101,6 +101,11 @@ TOKEN_KEY: Final = "token"
 SECRET_DIR: Final = "/var/run/secrets/pipelinerl.io"
 """Where the job's Secret is mounted in worker pods (read-only), beside the ServiceAccount's."""
 TOKEN_FILE: Final = f"{SECRET_DIR}/{TOKEN_KEY}"
+SCRATCH_DIR: Final = "/var/tmp/plrl"
+"""The one writable place in a worker pod besides /dev/shm and its volumes (the root filesystem is
+read-only): HOME and TMPDIR, so caches (torch, triton, vLLM) and temporary files land there."""
+WORKER_UID: Final = 1000
+"""The user worker pods run as (the worker image's `plrl` user; Pod Security "restricted")."""
 TLS_CA_KEY: Final = "ca.crt"
 """The job's own CA certificate (PEM), in the job's Secret beside the token; its key is not kept."""
 TLS_CERT_KEY: Final = "tls.crt"

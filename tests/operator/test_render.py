@@ -242,10 +242,19 @@ def test_peers_come_from_services_and_the_pod_index_not_hostfiles() -> None:
         assert ep.coordinator == f"{trainer0}:50051" and ep.rendezvous == f"{trainer0}:29500"
         assert ep.weight_sync == f"{trainer0}:29600"
         env = {e["name"]: e for e in _container(_sts(objects, role))["env"]}
-        # Who the pod is comes from the downward API; everything else is in the config file.
+        # Who the pod is comes from the downward API; everything else is in the config file (but
+        # where to write: the root filesystem is read-only).
         assert sorted(env) == sorted(
-            [names.ENV_NAMESPACE, names.ENV_POD_NAME, names.ENV_POD_INDEX, names.ENV_TOKEN_FILE]
+            [
+                names.ENV_NAMESPACE,
+                names.ENV_POD_NAME,
+                names.ENV_POD_INDEX,
+                names.ENV_TOKEN_FILE,
+                "HOME",
+                "TMPDIR",
+            ]
         )
+        assert env["HOME"]["value"] == env["TMPDIR"]["value"] == names.SCRATCH_DIR
         assert env["PLRL_POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
             "metadata.labels['apps.kubernetes.io/pod-index']"
         )

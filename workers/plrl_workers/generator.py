@@ -73,6 +73,8 @@ _GONE = _Gone()
 # A lease refused because the coordinator went away: how long to wait for the Stop that says the job
 # ended (the trainer sends it just before its server stops) before taking it as the coordinator lost.
 LOST_STOP_WAIT_S = 2.0
+LEASE_RETRY_S = 0.5
+"""How long a generator waits before asking again when the coordinator refuses a lease at its bound."""
 
 
 @dataclasses.dataclass
@@ -262,7 +264,7 @@ class Generator:
                 # A trainer that resumed from a checkpoint registers generators at its weight version a
                 # moment before it has published those weights: UNAVAILABLE, so wait and ask again.
                 if (
-                    err.code() is not grpc.StatusCode.UNAVAILABLE
+                    err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
                     or time.monotonic() > deadline
                     or self._stop.is_set()
                 ):
@@ -305,6 +307,11 @@ class Generator:
                 # stream, or about to be) or trainer rank 0 died.
                 if not self._stop_was_sent(LOST_STOP_WAIT_S):
                     self._gone = f"a lease request failed ({code.name})"
+            elif code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                # The coordinator is at its bound on open calls (`rpc/limits.py`: someone holds
+                # many): keep decoding what is in flight and ask again shortly.
+                log.warning("lease request refused, retrying: %s", err.details())
+                time.sleep(LEASE_RETRY_S)
             else:
                 raise
             return 0

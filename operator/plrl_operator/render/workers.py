@@ -69,13 +69,16 @@ def _env(job: spec_mod.PipelineRLJob) -> list[dict[str, Any]]:
         {"name": names.ENV_POD_NAME, "valueFrom": field("metadata.name")},
         {"name": names.ENV_POD_INDEX, "valueFrom": field(f"metadata.labels['{names.LABEL_POD_INDEX}']")},
         {"name": names.ENV_TOKEN_FILE, "value": names.TOKEN_FILE},
+        # The root filesystem is read-only: home and temporary files go to the scratch emptyDir.
+        {"name": "HOME", "value": names.SCRATCH_DIR},
+        {"name": "TMPDIR", "value": names.SCRATCH_DIR},
     ]
 
 
 def _volumes(
     job: spec_mod.PipelineRLJob, role: names.Role
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, mounts): config files, the job's Secret, /dev/shm, and the spec's PVCs."""
+    """(volumes, mounts): config files, the job's Secret, /dev/shm, scratch, and the spec's PVCs."""
     s = job.spec
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": names.Names(job.metadata.name).config}},
@@ -83,11 +86,13 @@ def _volumes(
         {"name": "secret", "secret": {"secretName": names.Names(job.metadata.name).token}},
         # NCCL and vLLM move tensors through shared memory; the container default (64 MiB) is too small.
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "scratch", "emptyDir": {}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True},
         {"name": "secret", "mountPath": names.SECRET_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "scratch", "mountPath": names.SCRATCH_DIR},
     ]
 
     def pvc(name: str, vol: spec_mod.VolumeSource) -> None:
@@ -141,7 +146,12 @@ def statefulset(
         "ports": ports,
         "resources": common.resources(s, gpus),
         "volumeMounts": mounts,
-        "securityContext": {"allowPrivilegeEscalation": False},
+        # Pod Security "restricted" (with the pod's securityContext below), and a read-only root.
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+        },
         # A worker that fails before writing a termination message (a bad config, a missing model)
         # still says why: the kubelet takes its last log lines, and the job's Failed condition and
         # WorkerRestarted events quote them.
@@ -150,6 +160,13 @@ def statefulset(
     pod_spec: dict[str, Any] = {
         "serviceAccountName": s.resources.service_account_name or child.worker,
         "affinity": common.gpu_affinity(s),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": names.WORKER_UID,
+            "runAsGroup": names.WORKER_UID,
+            "fsGroup": names.WORKER_UID,  # volumes (the Secret's files, scratch) readable by it
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
         "volumes": volumes,
         # On SIGTERM workers stop between optimizer steps and decode steps (a trainer resumes from its

@@ -1,6 +1,7 @@
 """The operator against the real control plane, authenticated as the chart's ServiceAccount.
 
-Cases: `kubectl apply -f examples/job.yaml` gives both StatefulSets with the right replicas, GPU
+Cases: `kubectl apply -f examples/job.yaml` into a namespace enforcing Pod Security "restricted"
+gives both StatefulSets with the right replicas, GPU
 requests, affinity and tolerations, every pod on a matching (tainted, right-product) fake GPU node
 and none on a decoy, the job Running, `kubectl get plrljobs` (and `-o wide`) showing the columns,
 `kubectl describe` showing conditions and events, /metrics counting it; too few GPUs leaves pods
@@ -30,6 +31,7 @@ from tests.operator.cluster import support
 from tests.operator.cluster.support import eventually
 
 pytestmark = pytest.mark.cluster
+PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CHILD_KINDS = (
     "configmaps,secrets,serviceaccounts,roles,rolebindings,services,networkpolicies,statefulsets,pods"
@@ -39,6 +41,12 @@ CHILD_KINDS = (
 def _get(kubectl: tools.Tool, *args: str) -> dict[str, Any] | None:
     out = kubectl("get", *args, "-o", "json", check=False)
     return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def _refused_by_pod_security(kubectl: tools.Tool, ns: str) -> str | None:
+    """Why the API server refuses a plain pod (no securityContext) in `ns`, once it says PodSecurity."""
+    out = kubectl("run", "plain", "--image=busybox", "--dry-run=server", "-n", ns, check=False)
+    return out.stderr if out.returncode != 0 and "PodSecurity" in out.stderr else None
 
 
 def _status(kubectl: tools.Tool, ns: str, name: str) -> dict[str, Any]:
@@ -99,6 +107,8 @@ def test_example_job_runs_on_matching_gpu_nodes(
     pool = gpu_nodes(3, taints=(taint,))  # 24 x H100, tainted: only pods that tolerate it land here
     decoy = gpu_nodes(1, product="NVIDIA-A100-SXM4-80GB")  # GPUs, untainted, but the wrong product
     _volumes(kubectl, namespace)
+    # The API server's built-in Pod Security admission judges every worker pod the StatefulSets make.
+    kubectl("label", "namespace", namespace, f"{PSA_ENFORCE}=restricted")
     kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "job.yaml"))
 
     gen = eventually(
@@ -128,6 +138,11 @@ def test_example_job_runs_on_matching_gpu_nodes(
     assert policy["metadata"]["ownerReferences"][0]["kind"] == "PipelineRLJob"
 
     eventually(_phase_is(kubectl, namespace, "qwen-math", "Running", ready="11/11"), 90, "job Running")
+    # ... and it does enforce "restricted" here: a pod with none of the workers' settings is refused.
+    refused = eventually(
+        lambda: _refused_by_pod_security(kubectl, namespace), 30, "PodSecurity refusing a pod"
+    )
+    assert 'violates PodSecurity "restricted:latest"' in refused
     placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in _pods(kubectl, namespace, "qwen-math")}
     assert len(placed) == 11
     assert set(placed.values()) <= set(pool.nodes), placed

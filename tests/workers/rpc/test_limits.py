@@ -76,7 +76,7 @@ class Stalled:
         self._channel.close()
 
 
-def test_calls_over_the_bound_are_refused_and_status_and_a_real_generator_are_still_served(
+def test_streams_over_the_bound_are_refused_and_status_and_a_generator_are_still_served(
     coord: coordinator.Coordinator,
 ) -> None:
     bounds = limits.CallLimits(max_workers=24, max_calls_per_peer=None)
@@ -84,24 +84,26 @@ def test_calls_over_the_bound_are_refused_and_status_and_a_real_generator_are_st
     target = f"127.0.0.1:{srv.port}"
     stalled = Stalled(target, 60)
     try:
-        eventually(lambda: srv.limiter.open_calls() == bounds.max_calls, what="the server full")
+        eventually(lambda: srv.limiter.open_calls() == bounds.max_streams, what="the streams' share full")
         with client.CoordinatorClient(target, TOKEN, timeout_s=10) as c:
             assert c.status().generators == 0  # Status runs on a reserved thread
-            # A generator that was here first keeps working: its calls are refused, not queued, and
-            # it sees why. Once the stalled client goes, it is served again.
-            with pytest.raises(grpc.RpcError) as refused:
-                c.register("gen-0", ready_timeout_s=10)
-            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "calls are open" in str(refused.value.details())
-            assert coord.stats().refused.get("RESOURCE_EXHAUSTED", 0) >= 1
-            stalled.release()
-            eventually(lambda: srv.limiter.open_calls() == 0, what="the stalled calls ended")
+            # Held streams cannot take the threads of lease requests: a generator still registers
+            # and leases. A new stream is refused at once, saying why, not queued behind the others.
             c.register("gen-0")
             (lease,) = c.lease_prompts("gen-0", 1).leases
             assert lease.prompt.prompt_id == 0
+            with pytest.raises(grpc.RpcError) as refused:
+                list(c.submit_rollouts(iter(())))
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "streams are open" in str(refused.value.details())
+            assert coord.stats().refused.get("RESOURCE_EXHAUSTED", 0) >= 1
+            stalled.release()
+            eventually(lambda: srv.limiter.open_calls() == 0, what="the stalled calls ended")
+            assert list(c.submit_rollouts(iter(()))) == []  # served again
     finally:
         stalled.release()
         srv.stop(0)
+    assert stalled.refused() == 60 - bounds.max_streams
 
 
 def test_one_peer_address_holds_at_most_its_share(coord: coordinator.Coordinator) -> None:

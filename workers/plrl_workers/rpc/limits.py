@@ -7,7 +7,9 @@ them and `Status`, the generators and the trainer's own leases time out. `CallLi
 call only while
 
 - fewer than `max_calls` calls are open (the threads less a reserve of 1/32, at least 2: `Status`,
-  which returns at once and is never counted, always finds a thread), and
+  which returns at once and is never counted, always finds a thread), and, for a streaming call,
+  fewer than `max_streams` (3/4 of that: streams held open can never take the threads the
+  generators' lease requests need), and
 - its peer address has fewer than `max_calls_per_peer` open (None: no per-peer bound; `plrl run`'s
   processes all connect from 127.0.0.1, so an address cannot tell them apart there);
 
@@ -67,6 +69,10 @@ class CallLimits:
     @property
     def max_calls(self) -> int:
         return self.max_workers - self.reserved_threads
+
+    @property
+    def max_streams(self) -> int:
+        return max(1, self.max_calls * 3 // 4)
 
     def server_options(self) -> list[tuple[str, int]]:
         return [
@@ -137,6 +143,7 @@ class CallLimiter(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is unty
         self._on_refused = on_refused
         self._lock = threading.Lock()
         self._open = 0
+        self._streams = 0
         self._by_peer: dict[str, int] = {}
         self._quiet_until = 0.0
         self._unsaid = 0
@@ -151,17 +158,20 @@ class CallLimiter(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is unty
             return handler
         return _wrapped(handler, details.method, self)
 
-    def _admit(self, method: str, context: Any) -> str | None:
+    def _admit(self, method: str, context: Any, streaming: bool) -> str | None:
         """Count the call in; None if it is over a limit (then it was refused)."""
         host = peer_host(context.peer())
         with self._lock:
             per_peer = self._by_peer.get(host, 0)
             if self._open >= self._limits.max_calls:
                 why = f"{self._open} calls are open, the most this coordinator serves at once"
+            elif streaming and self._streams >= self._limits.max_streams:
+                why = f"{self._streams} streams are open, the most this coordinator holds at once"
             elif self._limits.max_calls_per_peer is not None and per_peer >= self._limits.max_calls_per_peer:
                 why = f"{per_peer} calls from {host} are open, the most one peer may hold"
             else:
                 self._open += 1
+                self._streams += streaming
                 self._by_peer[host] = per_peer + 1
                 return host
         self._say(f"refused {method} from {context.peer()}: {why}")
@@ -181,9 +191,10 @@ class CallLimiter(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is unty
         more = f" ({unsaid} more refused since the last such warning)" if unsaid else ""
         log.warning("%s%s", message, more)
 
-    def _release(self, host: str) -> None:
+    def _release(self, host: str, streaming: bool) -> None:
         with self._lock:
             self._open -= 1
+            self._streams -= streaming
             left = self._by_peer[host] - 1
             if left:
                 self._by_peer[host] = left
@@ -197,26 +208,27 @@ def _wrapped(handler: Any, method: str, limiter: CallLimiter) -> Any:
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
+    request_streaming = bool(handler.request_streaming)  # stream_unary: held open like a stream
 
     def unary(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         def call(request: Any, context: Any) -> Any:
-            host = limiter._admit(method, context)
+            host = limiter._admit(method, context, streaming=request_streaming)
             assert host is not None
             try:
                 return behavior(request, context)
             finally:
-                limiter._release(host)
+                limiter._release(host, streaming=request_streaming)
 
         return call
 
     def streaming(behavior: Callable[[Any, Any], Iterator[Any]]) -> Callable[[Any, Any], Iterator[Any]]:
         def call(request: Any, context: Any) -> Iterator[Any]:
-            host = limiter._admit(method, context)
+            host = limiter._admit(method, context, streaming=True)
             assert host is not None
             try:
                 yield from behavior(request, context)
             finally:
-                limiter._release(host)
+                limiter._release(host, streaming=True)
 
         return call
 
