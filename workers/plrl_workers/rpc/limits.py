@@ -13,12 +13,13 @@ call only while
 - its peer address has fewer than `max_calls_per_peer` open (None: no per-peer bound; `plrl run`'s
   processes all connect from 127.0.0.1, so an address cannot tell them apart there);
 
-anything more is refused at once with RESOURCE_EXHAUSTED, naming the limit. gRPC's own
-`maximum_concurrent_rpcs` is set to the thread count, so a call beyond it is refused rather than
-queued behind the stalled ones. A peer that stops answering (a hung or partitioned process, a
-client that never reads) is found by HTTP/2 keepalive pings: after `keepalive_s` of silence the
-server pings, and a connection whose ping is not answered within `keepalive_timeout_s` is closed,
-ending its calls and freeing their threads.
+anything more is refused at once with RESOURCE_EXHAUSTED, naming the limit (a refusal takes a thread
+for microseconds, so a new call waits behind refusals at most, never behind the stalled calls).
+gRPC's own `maximum_concurrent_rpcs` bounds the calls it accepts at all, running and waiting for a
+thread (`max_queued`, 4x the threads): beyond it gRPC refuses before any thread sees the call. A
+peer that stops answering (a hung or partitioned process, a client that never reads) is found by
+HTTP/2 keepalive pings: after `keepalive_s` of silence the server pings, and a connection whose ping
+is not answered within `keepalive_timeout_s` is closed, ending its calls and freeing their threads.
 
 Neighbours: `rpc/server.py` installs the limiter and the options; `rpc/client.py` pings likewise.
 """
@@ -47,7 +48,7 @@ class CallLimits:
     """The coordinator server's bounds (see the module docstring)."""
 
     max_workers: int = 256
-    """Server threads; gRPC refuses calls beyond this many (maximum_concurrent_rpcs)."""
+    """Server threads: every open call holds one."""
     max_calls_per_peer: int | None = 32
     """Open calls one peer address may hold (a generator holds about 4); None: unbounded."""
     keepalive_s: float = 20.0
@@ -69,6 +70,10 @@ class CallLimits:
     @property
     def max_calls(self) -> int:
         return self.max_workers - self.reserved_threads
+
+    @property
+    def max_queued(self) -> int:
+        return 4 * self.max_workers
 
     @property
     def max_streams(self) -> int:

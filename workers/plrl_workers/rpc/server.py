@@ -187,7 +187,7 @@ def serve(
         concurrent.futures.ThreadPoolExecutor(max_workers=bounds.max_workers, thread_name_prefix="plrl-rpc"),
         interceptors=[token_check, limiter],
         options=options,
-        maximum_concurrent_rpcs=bounds.max_workers,
+        maximum_concurrent_rpcs=bounds.max_queued,
     )
     pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(coord, snapshots), srv)
     address = f"{host}:{port}"
