@@ -89,13 +89,11 @@ class Attacker:
     def register_flood(self, n: int) -> None:
         for i in range(n):
             gid = f"x{i:05d}" + "a" * 1018
-            self.call(
-                "Register",
-                self.stub.Register,
-                pb.RegisterRequest(generator_id=gid),
-                metadata=self.md,
-                timeout=CALL_DEADLINE_S,
-            )
+            self.register(gid)
+
+    def register(self, gid: str) -> None:
+        req = pb.RegisterRequest(generator_id=gid)
+        self.call("Register", self.stub.Register, req, metadata=self.md, timeout=CALL_DEADLINE_S)
 
     def bad_groups(self, rng: random.Random, lease: protocol.Lease) -> Iterator[protocol.RolloutGroup]:
         def group(samples: list[protocol.Sample]) -> protocol.RolloutGroup:
@@ -151,13 +149,7 @@ class Attacker:
             gid = rng.choice(["gen-x", "generator-0", "", "\x00", "é" * rng.randrange(300)])
             k = rng.randrange(6)
             if k == 0:
-                self.call(
-                    "Register",
-                    self.stub.Register,
-                    pb.RegisterRequest(generator_id=gid),
-                    metadata=self.md,
-                    timeout=CALL_DEADLINE_S,
-                )
+                self.register(gid)
             elif k == 1:
                 req = pb.LeaseRequest(
                     generator_id=gid,
