@@ -51,6 +51,13 @@ def read_token(path: str) -> str:
     return token
 
 
+def _read_optional(path: pathlib.Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
 def write_token(path: pathlib.Path, token: str) -> pathlib.Path:
     """Write `token` where `read_token` finds it, readable by this user only (`plrl run`)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -95,6 +102,9 @@ class Identity:
     """The job's RPC token: every worker-to-worker call carries it."""
     tls: TLSFiles | None = None
     """The job's TLS files, if its Secret has them: the coordinator serves TLS, generators verify it."""
+    checkpoint_key: str | None = None
+    """The secret checkpoints are signed with (`names.CHECKPOINT_KEY_KEY` beside the token); None:
+    a Secret without one, and the token stands in (its checkpoints then die with the job)."""
     pod_index: int = 0
     """The pod's StatefulSet ordinal (trainer pod k holds ranks k * gpusPerTrainer + local rank)."""
     local_rank: int | None = None
@@ -121,6 +131,9 @@ class Identity:
         return Identity(
             token=read_token(env.get(names.ENV_TOKEN_FILE, "")),
             tls=read_tls(pathlib.Path(env[names.ENV_TOKEN_FILE]).parent),
+            checkpoint_key=_read_optional(
+                pathlib.Path(env[names.ENV_TOKEN_FILE]).parent / names.CHECKPOINT_KEY_KEY
+            ),
             pod_index=_int(env, names.ENV_POD_INDEX, 0) or 0,
             local_rank=_int(env, names.ENV_LOCAL_RANK, None),
             bind_host=env.get(names.ENV_BIND_HOST) or "0.0.0.0",

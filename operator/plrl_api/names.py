@@ -24,6 +24,9 @@ ROLES: Final[tuple[Role, Role]] = (GENERATOR, TRAINER)
 # --------------------------------------------------------------------------- labels
 
 LABEL_JOB: Final = "pipelinerl.io/job"
+LABEL_CHECKPOINT_KEY_OF: Final = "pipelinerl.io/checkpoint-key-of"
+"""On the job's checkpoint-key Secret instead of LABEL_JOB: it is not the job's child (it outlives
+the job, so that a job re-created under the same name resumes the checkpoints it signed)."""
 """On every child object and Lease of a job: what the operator selects and watches them by."""
 LABEL_ROLE: Final = "pipelinerl.io/role"
 """generator or trainer, on role objects (StatefulSets, Services, pods, Leases)."""
@@ -106,6 +109,9 @@ SCRATCH_DIR: Final = "/var/tmp/plrl"
 read-only): HOME and TMPDIR, so caches (torch, triton, vLLM) and temporary files land there."""
 WORKER_UID: Final = 1000
 """The user worker pods run as (the worker image's `plrl` user; Pod Security "restricted")."""
+CHECKPOINT_KEY_KEY: Final = "checkpoint.key"
+"""The checkpoint signing key (`checkpoint_manifest`), in the checkpoint-key Secret; mounted beside
+the token."""
 TLS_CA_KEY: Final = "ca.crt"
 """The job's own CA certificate (PEM), in the job's Secret beside the token; its key is not kept."""
 TLS_CERT_KEY: Final = "tls.crt"
@@ -144,6 +150,11 @@ class Names:
     @property
     def token(self) -> str:
         return f"{self.job}-token"
+
+    @property
+    def checkpoint_key(self) -> str:
+        """The Secret holding the key checkpoints are signed with; kept when the job is deleted."""
+        return f"{self.job}-checkpoint-key"
 
     @property
     def network_policy(self) -> str:

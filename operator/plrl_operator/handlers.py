@@ -231,7 +231,9 @@ def _sync(job: spec_mod.PipelineRLJob, generators: int, stopped: bool) -> tuple[
     # The Secret is written only when missing (create-only): only then are a token and TLS files made.
     tls = None if token is not None else certs.job_tls()
     token = token or secrets.token_urlsafe(32)
-    desired = render.render(job, generators, token=token, tls=tls, stopped=stopped)
+    # Made only if missing: a job applied again after a delete finds its predecessor's key.
+    key = secrets.token_urlsafe(32)
+    desired = render.render(job, generators, token=token, tls=tls, checkpoint_key=key, stopped=stopped)
     written = api.sync(desired, live)
     for w in written:
         metrics.OBJECT_WRITES.labels(kind=w.split("/")[0]).inc()

@@ -154,12 +154,14 @@ class Client:
         contents every other workload in the namespace keeps there."""
         kinds = [k for k in CHILD_KINDS if k != "Secret"]
         lists = list(self.pool.map(lambda kind: (kind, self.list_labelled(kind, namespace, job_name)), kinds))
-        lists.append(("Secret", self.own_secret(namespace, job_name)))
+        child = names.Names(job_name)
+        lists.append(("Secret", self.own_secret(namespace, child.token, names.LABEL_JOB, job_name)))
+        key = self.own_secret(namespace, child.checkpoint_key, names.LABEL_CHECKPOINT_KEY_OF, job_name)
+        lists.append(("Secret", key))
         return {(kind, obj["metadata"]["name"]): obj for kind, items in lists for obj in items}
 
-    def own_secret(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
-        """The job's token Secret (GET by name), if it exists and carries the job's label."""
-        name = names.Names(job_name).token
+    def own_secret(self, namespace: str, name: str, label: str, job_name: str) -> list[dict[str, Any]]:
+        """The Secret `name` (GET by name), if it exists and carries `label`=`job_name`."""
         try:
             secret = self.request(
                 "GET", f"{CHILD_KINDS['Secret'].collection(namespace)}/{name}", kind="Secret"
@@ -169,7 +171,7 @@ class Client:
                 return []
             raise
         labels = secret.get("metadata", {}).get("labels") or {}
-        return [secret] if labels.get(names.LABEL_JOB) == job_name else []
+        return [secret] if labels.get(label) == job_name else []
 
     # ---------------------------------------------------------------- writes
 

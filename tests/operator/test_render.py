@@ -124,7 +124,7 @@ def test_render_is_deterministic_and_does_not_mutate_the_job() -> None:
 def test_order_puts_dependencies_first() -> None:
     kinds = [o["kind"] for o in render.render(_example(), 6)]
     assert kinds == [
-        "ConfigMap", "Secret", "ServiceAccount", "Role", "RoleBinding",
+        "ConfigMap", "Secret", "Secret", "ServiceAccount", "Role", "RoleBinding",
         "Service", "Service", "NetworkPolicy", "StatefulSet", "StatefulSet",
     ]  # fmt: skip
 
@@ -199,7 +199,14 @@ def test_placement_fields_pass_through() -> None:
 
 
 def test_every_child_is_owned_by_the_job_and_labelled() -> None:
-    for obj in render.render(_example(), 6):
+    objects = render.render(_example(), 6)
+    # But the checkpoint key, which outlives the job (as its checkpoint volume does).
+    (key,) = [o for o in objects if o["metadata"]["name"] == "qwen-math-checkpoint-key"]
+    assert "ownerReferences" not in key["metadata"] and names.LABEL_JOB not in key["metadata"]["labels"]
+    assert key["metadata"]["labels"] == {names.LABEL_CHECKPOINT_KEY_OF: "qwen-math"}
+    for obj in objects:
+        if obj is key:
+            continue
         assert obj["metadata"]["ownerReferences"] == [
             {
                 "apiVersion": "pipelinerl.io/v1alpha1",
@@ -262,8 +269,11 @@ def test_peers_come_from_services_and_the_pod_index_not_hostfiles() -> None:
         # and inherited by every child process).
         assert env["PLRL_TOKEN_FILE"] == {"name": "PLRL_TOKEN_FILE", "value": names.TOKEN_FILE}
         pod = _sts(objects, role)["spec"]["template"]["spec"]
-        (secret,) = [v for v in pod["volumes"] if "secret" in v]
-        assert secret["secret"] == {"secretName": "qwen-math-token"}
+        (secret,) = [v for v in pod["volumes"] if v["name"] == "secret"]
+        assert secret["projected"]["sources"] == [
+            {"secret": {"name": "qwen-math-token"}},
+            {"secret": {"name": "qwen-math-checkpoint-key"}},
+        ]
         mounts = {m["name"]: m for m in _container(_sts(objects, role))["volumeMounts"]}
         assert mounts[secret["name"]] == {"name": "secret", "mountPath": names.SECRET_DIR, "readOnly": True}
         assert not any("secretKeyRef" in str(e) for e in env.values())
@@ -276,8 +286,8 @@ def test_peers_come_from_services_and_the_pod_index_not_hostfiles() -> None:
 def test_token_and_tls_files_change_only_the_secret() -> None:
     tls = certs.job_tls()
     a, b = render.render(_example(), 6, token="one"), render.render(_example(), 6, token="two", tls=tls)
-    differ = [x["kind"] for x, y in zip(a, b, strict=True) if x != y]
-    assert differ == ["Secret"]
+    differ = [x["metadata"]["name"] for x, y in zip(a, b, strict=True) if x != y]
+    assert differ == ["qwen-math-token"]
     secret = _by_kind(b)[("Secret", "qwen-math-token")]
     assert secret["stringData"] == {"token": "two"} | {k: v.decode() for k, v in tls.items()}
     assert set(tls) == {names.TLS_CA_KEY, names.TLS_CERT_KEY, names.TLS_KEY_KEY}
@@ -362,7 +372,7 @@ def test_bad_generators_are_refused(generators: int, message: str) -> None:
 def test_render_cli_prints_a_stream(capsys: pytest.CaptureFixture[str]) -> None:
     assert render_cli.main([str(ROOT / "examples" / "job.yaml"), "--generators", "8"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert len(docs) == 10
+    assert len(docs) == 11
     assert _sts(docs, "generator")["spec"]["replicas"] == 8
     assert _sts(docs, "trainer")["spec"]["replicas"] == 4
 

@@ -4,13 +4,14 @@ Loading a checkpoint unpickles files (DeepSpeed reads its ZeRO partitions with
 `torch.load(weights_only=False)`, and so must the elastic re-cut), and unpickling runs whatever code
 the file names. So anyone who can write the checkpoint volume could run code in the trainer.
 `write` records the SHA-256 of every file of a checkpoint in `manifest.json` and signs the list
-with an HMAC keyed by the job's token (the Secret only the job's pods mount); `verify` refuses a
+with an HMAC keyed by the job's checkpoint key (a Secret only the job's pods mount, kept when the
+job is deleted so that the job applied again resumes); `verify` refuses a
 checkpoint whose manifest is missing, not signed with this key, or does not match the files (one
 changed, added or removed), before any file is opened for loading. Verifying reads every byte once
 (SHA-256, about 1 GB/s per core).
 
-What it does not cover: a writer who also holds the job's token, and a resume across jobs (a new
-job has a new token: its predecessor's checkpoints are refused, naming why).
+What it does not cover: a writer who also holds the key (whoever can read the namespace's Secrets),
+and files swapped between `verify` and the load.
 
 Neighbours: `checkpoint.py` (writes the manifest last in `save`, verifies first in `load`).
 """
@@ -31,10 +32,10 @@ class CheckpointRefused(ValueError):
     """A checkpoint that may not be loaded; the message names the checkpoint and why."""
 
 
-def signing_key(token: str) -> bytes:
-    """The manifest key derived from the job token (a separate key: a leaked manifest MAC says
-    nothing about the token's use on RPCs)."""
-    return hmac.new(token.encode(), b"plrl checkpoint manifest v1", hashlib.sha256).digest()
+def signing_key(secret: str) -> bytes:
+    """The manifest key derived from the job's checkpoint key (or its token, where the job has
+    none); derived, so that a manifest's MAC says nothing about the secret itself."""
+    return hmac.new(secret.encode(), b"plrl checkpoint manifest v1", hashlib.sha256).digest()
 
 
 def _digest(path: pathlib.Path) -> str:

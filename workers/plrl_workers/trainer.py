@@ -355,7 +355,7 @@ class TrainLoop:
             raise RuntimeError("a TrainLoop given an engine needs a process group: training.init_distributed")
         self.engine = engine
         self.ckpt_root = pathlib.Path(cfg.paths.checkpoint_dir)
-        self.ckpt_key = checkpoint_manifest.signing_key(ident.token)
+        self.ckpt_key = checkpoint_manifest.signing_key(ident.checkpoint_key or ident.token)
         meta = checkpoint.resume(self.engine, self.ckpt_root, key=self.ckpt_key)
         self.step = meta.step if meta else 0
         if meta:

@@ -143,6 +143,8 @@ def run_secret(run_dir: pathlib.Path) -> str:
     except identity.IdentityError:
         token = secrets.token_urlsafe(24)
         identity.write_token(path, token)
+    if not (path.parent / names.CHECKPOINT_KEY_KEY).exists():
+        identity.write_token(path.parent / names.CHECKPOINT_KEY_KEY, secrets.token_urlsafe(32))
     if not (path.parent / names.TLS_CA_KEY).exists():
         certs.write_files(path.parent, certs.job_tls())
     return token

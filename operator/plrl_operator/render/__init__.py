@@ -25,18 +25,21 @@ def render(
     *,
     token: str = common.TOKEN_PLACEHOLDER,
     tls: Mapping[str, bytes] | None = None,
+    checkpoint_key: str = common.TOKEN_PLACEHOLDER,
     stopped: bool = False,
 ) -> list[dict[str, Any]]:
     """Every child object of `job` with I = `generators` accelerators generating.
 
     `token` is the job's RPC token; the operator passes the live Secret's value (or a fresh random
     one at creation), and at creation the job's TLS files (`certs.job_tls`; without them workers
-    talk in plain text). The default placeholder is for `plrl render` and golden tests. `stopped`
+    talk in plain text), and the checkpoint signing key (kept in a Secret that outlives the job).
+    The default placeholders are for `plrl render` and golden tests. `stopped`
     (the job succeeded or failed) scales both StatefulSets to zero, like `spec.suspend`.
     """
     pod_plan = plan.PodPlan.of(job.spec, generators)
     cm = config.config_map(job, pod_plan)
     objects: list[dict[str, Any]] = [cm, config.token_secret(job, token, tls)]
+    objects.append(config.checkpoint_key_secret(job, checkpoint_key))
     if job.spec.resources.service_account_name is None:
         objects += config.worker_rbac(job)
     objects += [workers.service(job, role) for role in names.ROLES]

@@ -80,6 +80,19 @@ def token_secret(
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "stringData": data}
 
 
+def checkpoint_key_secret(job: spec_mod.PipelineRLJob, key: str) -> dict[str, Any]:
+    """The key checkpoints are signed with (`checkpoint_manifest`). Not owned by the job: deleting
+    the job keeps it, as it keeps the checkpoint volume, so the job applied again resumes; delete
+    the Secret to have a re-created job refuse the old checkpoints."""
+    meta: dict[str, Any] = {"name": names.Names(job.metadata.name).checkpoint_key}
+    if job.metadata.namespace:
+        meta["namespace"] = job.metadata.namespace
+    meta["labels"] = {names.LABEL_CHECKPOINT_KEY_OF: job.metadata.name}
+    meta["annotations"] = {names.ANNOTATION_CREATE_ONLY: "true"}
+    data = {names.CHECKPOINT_KEY_KEY: key}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "stringData": data}
+
+
 def worker_rbac(job: spec_mod.PipelineRLJob) -> list[dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding that let workers renew their Leases `<job>-<pod>`.
 

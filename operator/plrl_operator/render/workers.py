@@ -82,8 +82,17 @@ def _volumes(
     s = job.spec
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": names.Names(job.metadata.name).config}},
-        # The token as a file, not an env var: env is readable in /proc and inherited by children.
-        {"name": "secret", "secret": {"secretName": names.Names(job.metadata.name).token}},
+        # The token as a file, not an env var: env is readable in /proc and inherited by children;
+        # beside it the TLS files and the checkpoint key (its own Secret: it outlives the job).
+        {
+            "name": "secret",
+            "projected": {
+                "sources": [
+                    {"secret": {"name": names.Names(job.metadata.name).token}},
+                    {"secret": {"name": names.Names(job.metadata.name).checkpoint_key}},
+                ]
+            },
+        },
         # NCCL and vLLM move tensors through shared memory; the container default (64 MiB) is too small.
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         {"name": "scratch", "emptyDir": {}},

@@ -175,7 +175,7 @@ def test_example_job_runs_on_matching_gpu_nodes(
         "AllPodsReady",
         "PodsScheduled",
         "Created",
-        "applied 10 objects",
+        "applied 11 objects",
         "-> Running",
     ):
         assert text in describe, describe
@@ -444,3 +444,6 @@ def test_delete_leaves_nothing_behind(
         return [f"{i['kind']}/{i['metadata']['name']}" for i in items]
 
     eventually(lambda: not leftovers(), 60, "garbage collection of every child")
+    # Only the checkpoint key stays, as the checkpoint volume does: applied again, the job resumes.
+    key = _get(kubectl, "secret", "doomed-checkpoint-key", "-n", namespace)
+    assert key is not None and "ownerReferences" not in key["metadata"]
