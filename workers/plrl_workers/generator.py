@@ -309,7 +309,8 @@ class Generator:
                     self._gone = f"a lease request failed ({code.name})"
             elif code is grpc.StatusCode.RESOURCE_EXHAUSTED:
                 # The coordinator is at its bound on open calls (`rpc/limits.py`: someone holds
-                # many): keep decoding what is in flight and ask again shortly.
+                # many): wait a moment (this delays the next decode step too), then decode what is
+                # in flight and ask again.
                 log.warning("lease request refused, retrying: %s", err.details())
                 time.sleep(LEASE_RETRY_S)
             else:
