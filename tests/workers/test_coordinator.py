@@ -101,7 +101,7 @@ def test_dead_or_replaced_generators_lose_their_leases_to_the_queue() -> None:
     assert c.stats().accounting.requeued == 2
     with pytest.raises(protocol.Refused) as err:
         c.lease("a", 1)
-    assert err.value.code is protocol.Code.FAILED_PRECONDITION
+    assert err.value.code is protocol.Code.NOT_FOUND  # forgotten: it must register again to lease
     c.register("b")  # b restarted under the same name: its old leases go back too
     assert c.stats().accounting.requeued == 4
     assert all(c.submit(group_for(x)).code is protocol.Code.FAILED_PRECONDITION for x in a_leases + b_leases)
@@ -237,8 +237,9 @@ def test_a_registration_flood_neither_grows_the_registry_nor_displaces_working_g
     for i in range(20_000):
         c.register(f"flood-{i}-" + "y" * 200)  # each displaces the previous one, never a or b
     assert c.stats().generators == 3
-    with pytest.raises(protocol.Refused, match="not registered"):
+    with pytest.raises(protocol.Refused, match="not registered") as forgotten:
         c.lease("flood-0-" + "y" * 200, 1)  # displaced: it can lease nothing
+    assert forgotten.value.code is protocol.Code.NOT_FOUND  # ...until it registers again
     c.register("c")  # displaces the last of the flood
     assert c.lease("c", 1).leases
     with pytest.raises(protocol.Refused) as full:  # all three work: nobody is displaced

@@ -84,6 +84,9 @@ class FakeEngine:
         self.max_in_flight = 0
         self.fail_receive: Exception | None = None
         self.closed = False
+        self.updates_allowed = threading.Event()  # cleared: `update_weights` waits (a slow pull)
+        self.updates_allowed.set()
+        self.updating = threading.Event()  # set once an `update_weights` call has begun
 
     def allow(self, steps: int | None) -> None:
         with self._lock:
@@ -134,6 +137,8 @@ class FakeEngine:
         self._live.pop(request_id, None)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.updating.set()
+        self.updates_allowed.wait()
         engines.check_version(self._version, version, self.num_in_flight())
         got = {name: t.clone() for name, t in named_tensors}
         self.pulled.append((version, got))
@@ -307,12 +312,25 @@ def announce(rig: Rig, version: int) -> None:
     assert rig.coord.announce_weights(GEN, group, ann)
 
 
-def revive(rig: Rig, saved: dict[str, object], version: int, weights: dict[str, torch.Tensor]) -> None:
+def revive(
+    rig: Rig,
+    saved: dict[str, object],
+    version: int,
+    weights: dict[str, torch.Tensor],
+    max_generators: int = coordinator.Config.max_generators,
+    wait: bool = True,
+) -> None:
     """Trainer rank 0 dies and comes back at the same address from `saved` (its checkpoint), with
-    `weights` published as `version`; returns once the generator has reconnected to it."""
+    `weights` published as `version`; returns once the generator has reconnected to it (`wait`)."""
     port = rig.server.port
     rig.server.stop(0)  # the coordinator is gone
-    cfg = coordinator.Config(samples_per_prompt=G, vocab_size=VOCAB, buffer_groups=4, submit_wait_s=0.05)
+    cfg = coordinator.Config(
+        samples_per_prompt=G,
+        vocab_size=VOCAB,
+        buffer_groups=4,
+        submit_wait_s=0.05,
+        max_generators=max_generators,
+    )
     revived = coordinator.Coordinator(prompts(1000), cfg, state=saved)
     store = snapshot.SnapshotStore()
     store.publish(snapshot.WeightSnapshot.from_named_tensors(version, weights.items()))
@@ -325,7 +343,8 @@ def revive(rig: Rig, saved: dict[str, object], version: int, weights: dict[str, 
         port=port,
         call_limits=limits.CallLimits(max_workers=16),
     )
-    eventually(lambda: revived.stats().control_streams == 1, what="the generator to reconnect")
+    if wait:
+        eventually(lambda: revived.stats().control_streams == 1, what="the generator to reconnect")
 
 
 # --------------------------------------------------------------------------- cases
@@ -515,6 +534,42 @@ def test_when_its_coordinator_restarts_it_reconnects_and_decodes_with_the_resume
         assert all(s.versions.tolist() == [3] * LENGTH for s in g.samples)
     a = rig.coord.stats().accounting
     assert a.balanced
+
+
+def test_a_generator_forgotten_while_it_pulled_its_first_weights_registers_again(start: Start) -> None:
+    """Found by the hostile-client test: a flood of registrations displaced a generator that had
+    registered but was still loading its first weights (no lease, no control stream yet: it looked
+    abandoned). Its first lease was then refused as "not registered", which it took for being
+    replaced: it exited, and the job waited for its restart. Forgotten is not replaced: it registers
+    again and decodes on in the same process."""
+    rig = start(1000, buffer_groups=4, submit_wait_s=0.05)
+    rig.train_until(2, what="groups before the coordinator restarts")
+    saved = rig.coord.export_state()
+    saved["weight_version"] = 3
+    rig.engine.updates_allowed.clear()  # the weight load after the reconnect takes a while
+    rig.engine.updating.clear()
+    revive(rig, saved, 3, {"w": torch.full((4, 3), 3.0)}, max_generators=2, wait=False)
+    eventually(rig.engine.updating.is_set, what="the generator to register and pull v3")
+    for i in range(2):  # the second displaces the oldest registration that never started: ours
+        rig.coord.register(f"flood-{i}")
+    assert rig.stats().generators == 2
+    rig.engine.updates_allowed.set()
+    eventually(lambda: rig.stats().control_streams == 1, what="the generator to register again")
+    for g in rig.train_until(4, what="groups decoded after registering again"):
+        assert all(s.versions.tolist() == [3] * LENGTH for s in g.samples)
+    assert rig.thread.is_alive() and not rig.gen.lost and not rig.errors
+    assert rig.gen.reconnects == 2  # after the coordinator's restart, and after being forgotten
+
+
+def test_asked_to_stop_while_it_waits_for_weights_it_stops_without_a_traceback(start: Start) -> None:
+    """Found by the hostile-client test: a generator whose pull was refused (the coordinator at its
+    bound on open streams) and was then sent SIGTERM at the end of the job raised the refusal."""
+    rig = start(1000, buffer_groups=4, submit_wait_s=0.05)
+    assert rig.coord.request_pull(GEN, 7)  # never published: the pull is refused, and asked again
+    time.sleep(1.0)
+    rig.gen.stop()
+    rig.thread.join(timeout=30)
+    assert not rig.thread.is_alive() and not rig.errors and not rig.gen.lost
 
 
 def test_a_pull_the_coordinator_died_during_ends_in_a_reconnect_not_a_crash(start: Start) -> None:

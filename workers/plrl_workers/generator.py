@@ -20,8 +20,9 @@ what it was decoding (the restarted coordinator re-queues those prompts from its
 for the coordinator to listen again, registers anew (a new incarnation) and loads the weights of the
 version the trainer resumed at, older ones included. A generator exits 0 only when its work is done
 (the coordinator said stop, or no prompt is left to lease) or when it was asked to stop (SIGTERM);
-one that was replaced (fenced: another process registered under its id, or declared dead) exits
-`names.EXIT_RESTART_ME`, so its controller (the kubelet, `plrl run`) starts it again: an exit 0
+one the coordinator forgot (declared dead, or displaced by a flood of registrations before it
+started) registers again; one that was replaced (fenced: another process registered under its id)
+exits `names.EXIT_RESTART_ME`, so its controller (the kubelet, `plrl run`) starts it again: an exit 0
 would read as a normal finish and leave the job without that generator.
 
 Neighbours: `engines/` (decoding), `rpc/client.py` + `rpc/rollout_stream.py` (coordinator),
@@ -75,6 +76,7 @@ _GONE = _Gone()
 LOST_STOP_WAIT_S = 2.0
 LEASE_RETRY_S = 0.5
 """How long a generator waits before asking again when the coordinator refuses a lease at its bound."""
+REGISTER_WAIT_S, REGISTER_RETRY_S = 600.0, 0.5  # registrations refused at the coordinator's bounds
 
 
 @dataclasses.dataclass
@@ -256,6 +258,8 @@ class Generator:
                 pulled = self.coord.pull_weights(self.generator_id, min_version=version)
                 break
             except grpc.RpcError as err:
+                if self._stop.is_set():
+                    return  # asked to stop (SIGTERM): the loop ends before it decodes again
                 if self._down.is_set():
                     # The coordinator that asked for `version` is gone; its successor (resumed from a
                     # checkpoint) may be older and never publish it: reconnect and take its weights.
@@ -266,7 +270,6 @@ class Generator:
                 if (
                     err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
                     or time.monotonic() > deadline
-                    or self._stop.is_set()
                 ):
                     raise
                 time.sleep(PULL_RETRY_S)
@@ -299,9 +302,13 @@ class Generator:
         except grpc.RpcError as err:
             code = err.code()
             if code is grpc.StatusCode.FAILED_PRECONDITION:
-                # Fenced: replaced by a newer registration of this id, or declared dead. Nothing
-                # this process still holds will be accepted; its prompts were re-queued.
+                # Fenced: replaced by a newer registration of this id. Nothing this process still
+                # holds will be accepted; its prompts were re-queued.
                 self._lost = f"the coordinator refused this generator: {err.details()}"
+            elif code is grpc.StatusCode.NOT_FOUND:
+                # Forgotten, not replaced (displaced by a flood of registrations while it was still
+                # pulling its first weights, or declared dead): register again, as after a restart.
+                self._gone = f"the coordinator forgot this generator ({err.details()})"
             elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 # The coordinator went away: either the job is ending (its Stop is on the control
                 # stream, or about to be) or trainer rank 0 died.
@@ -375,7 +382,7 @@ class Generator:
     def start(self) -> None:
         """Register, catch up on weights, open the control and rollout streams."""
         self._down.clear()  # a new session: the last one's stream was closed by `close()`
-        reg = self.coord.register(self.generator_id)
+        reg = self._register()
         if reg.samples_per_prompt != self.g:
             raise RuntimeError(
                 f"coordinator expects {reg.samples_per_prompt} samples per prompt, this generator {self.g}"
@@ -391,6 +398,23 @@ class Generator:
             target=self._pump_control, args=(self._control,), daemon=True, name="control"
         ).start()
         self._stream = rollout_stream.RolloutStream(self.coord, on_result=self._on_result)
+
+    def _register(self) -> protocol.Registration:
+        deadline = time.monotonic() + REGISTER_WAIT_S
+        while True:
+            try:
+                return self.coord.register(self.generator_id)
+            except grpc.RpcError as err:
+                # At its bound on open calls, or on registered generators that all work: someone
+                # floods it, or a generator that is leaving still holds its place. Ask again.
+                if (
+                    err.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED
+                    or time.monotonic() > deadline
+                    or self._stop.is_set()
+                ):
+                    raise
+                log.warning("registration refused, retrying: %s", err.details())
+                time.sleep(REGISTER_RETRY_S)
 
     def _decode(self) -> None:
         t0 = time.perf_counter()
@@ -411,6 +435,9 @@ class Generator:
                 return
             log.warning("the coordinator is gone (%s); reconnecting", self._gone)
             self._reset_session()
+            # A coordinator that refuses this generator's streams at once (at its bound on open
+            # calls) would otherwise be asked to register again in a tight loop.
+            self._stop.wait(REGISTER_RETRY_S)
 
     def _reset_session(self) -> None:
         """Forget a session whose coordinator is gone: what was decoding for it is dropped (its

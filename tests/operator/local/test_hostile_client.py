@@ -38,7 +38,7 @@ from tests.operator.local.conftest import plrl_argv, plrl_env, write_job
 SEED = 11
 FUZZ_S = 10.0
 CALL_DEADLINE_S = 40.0  # > the longest legitimate wait (a lease request waits up to 30 s)
-STEPS = 16
+STEPS = 100  # ~0.2 s a step unattacked: the job must outlive the whole attack, also on a loaded machine
 
 
 def _wait(predicate: Any, proc: subprocess.Popen[str], what: str, timeout_s: float = 300) -> None:
@@ -217,7 +217,7 @@ def test_a_hostile_client_with_the_token_does_not_take_the_job_down(tmp_path: pa
         tmp_path / "job.yaml",
         resources={"totalGPUs": 3},
         pipeline={"maxLag": 8, "generators": 2},
-        training={"totalSteps": STEPS, "checkpoint": {"everySteps": 4}},
+        training={"totalSteps": STEPS, "checkpoint": {"everySteps": 25}},
     )
     argv = plrl_argv("run", str(job), "--run-dir", str(run_dir))
     log = tmp_path / "plrl-run.log"
@@ -237,6 +237,7 @@ def test_a_hostile_client_with_the_token_does_not_take_the_job_down(tmp_path: pa
             assert status is not None, f"Status must answer while 300 streams are held: {attacker.last_error}"
             assert tree.proc.poll() is None, "the job ended before the fuzzing (make STEPS larger)"
             calls = attacker.fuzz(rng, time.monotonic() + FUZZ_S)
+            assert tree.proc.poll() is None, "the job ended during the fuzzing (make STEPS larger)"
             # The attacks reached the coordinator and were refused there, one by one.
             assert status.refused.get("RESOURCE_EXHAUSTED", 0) > 0, status.refused
             assert status.refused.get("INVALID_ARGUMENT", 0) > 0, status.refused
@@ -245,6 +246,10 @@ def test_a_hostile_client_with_the_token_does_not_take_the_job_down(tmp_path: pa
             release.set()
             for call in held:
                 call.cancel()
+            # The prompts attacker-0 leased would hold the last step until their leases expire (two
+            # minutes here); registering its id again re-queues them at once, as for any replaced
+            # generator.
+            attacker.call("Register", attacker.client.register, "attacker-0", ready_timeout_s=CALL_DEADLINE_S)
             attacker.channel.close()
             attacker.client.close()
         tree.proc.wait(timeout=600)
@@ -253,6 +258,8 @@ def test_a_hostile_client_with_the_token_does_not_take_the_job_down(tmp_path: pa
     assert attacker.hangs == [] and attacker.crashes == [], (attacker.hangs, attacker.crashes)
     assert calls > 100, calls
     assert "restarting" not in out, out[-5000:]  # no worker crashed (nor was judged hung)
+    for worker_log in sorted((run_dir / "logs").glob("*.log")):
+        assert "Traceback" not in worker_log.read_text(), worker_log  # nor at the job's end
     rows = report.read_records(run_dir)
     assert [r.step for r in rows] == list(range(1, STEPS + 1))
     a = rows[-1].prompts

@@ -213,7 +213,7 @@ def test_a_full_buffer_reaches_the_generator_as_resource_exhausted(cli: client.C
 def test_unregistered_generators_cannot_lease(cli: client.CoordinatorClient) -> None:
     with pytest.raises(grpc.RpcError) as err:
         cli.lease_prompts("ghost", 1)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND  # register first
 
 
 def test_control_stream_delivers_announcements_pulls_and_stop(

@@ -18,7 +18,9 @@ token and revokes the leases of the one before, and a lease request or control s
 an older token is refused (FAILED_PRECONDITION), so a process that was replaced (hung, then resumed;
 or a pod the kubelet thought dead) can neither lease prompts nor deliver rollouts again. A generator
 whose control stream ends without it being replaced (the process died, or its connection broke) is
-declared dead at once: its leases go back to the queue without waiting for `lease_timeout_s`.
+declared dead at once: its leases go back to the queue without waiting for `lease_timeout_s`. A
+generator id that is not registered (declared dead, or displaced by a flood of registrations before
+it leased or attached) is refused NOT_FOUND: that process was not replaced, so it registers again.
 
 Slow generators (seed 3.3.1): `migrate_from_slow` compares the generators' completion rates (groups
 accepted over a recent window) with `plrl_api.peers.slow`, and moves the newest half of a slow one's
@@ -199,10 +201,13 @@ class Coordinator:
 
     def _check_incarnation_locked(self, generator_id: str, incarnation: str | None) -> None:
         """Refuse a caller that is not `generator_id`'s current registration (None: in-process caller
-        that does not fence)."""
+        that does not fence). NOT_FOUND (forgotten: displaced by a registration flood before it
+        started, or its control stream was lost) tells the process to register again;
+        FAILED_PRECONDITION (another process holds the id now) tells it to exit."""
         if generator_id not in self._generators:
             raise protocol.Refused(
-                protocol.Code.FAILED_PRECONDITION, f"generator {generator_id!r} is not registered"
+                protocol.Code.NOT_FOUND,
+                f"generator {generator_id!r} is not registered (forgotten); register again",
             )
         current = self._incarnations.get(generator_id)
         if incarnation is not None and incarnation != current:
