@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 from plrl_api import names
 from plrl_workers import heartbeat
@@ -56,9 +58,18 @@ def on_sigterm(stop: Callable[[], None], grace_s: float = TERM_GRACE_S) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def exit_now(code: int) -> NoReturn:
+    """Exit with `code` without the interpreter's teardown (its destructors may hang or abort),
+    after flushing the logs and stdio."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _die(grace_s: float) -> None:
     log.error("still running %.0f s after SIGTERM; exiting hard", grace_s)
-    logging.shutdown()
     if os.getpgrp() == os.getpid():  # leader of its own group (plrl run): take the children along
+        logging.shutdown()
         os.killpg(os.getpgrp(), signal.SIGKILL)
-    os._exit(names.EXIT_RESTART_ME)  # ended hard, not failed: restarted, not charged
+    exit_now(names.EXIT_RESTART_ME)  # ended hard, not failed: restarted, not charged

@@ -468,6 +468,7 @@ def train(
     """Pipeline mode: train as rollouts arrive and send new weights every k steps."""
     loop = TrainLoop(cfg, ident, ranks, stop)
     sync_every = cfg.spec.pipeline.weight_sync_every_steps
+    group_broke = False
     try:
         loop.publish()  # no members yet: makes the current weights pullable (e.g. after a resume)
         while not loop.done:
@@ -484,9 +485,13 @@ def train(
         # A peer rank died (its failure is the one charged): this rank cannot go on alone, and the
         # group restarts from the latest checkpoint (`policy.decide.trainer_group`).
         log.error("the trainer group broke (%s: %s); exiting to restart with it", type(err).__name__, err)
-        return names.EXIT_RESTART_ME
+        group_broke = True
     finally:
         loop.close()
+    if group_broke:
+        # Not `return`: the broken process group's destructors may abort the interpreter on its way
+        # out (SIGABRT, "terminate called without an active exception"), charged as a crash.
+        lifecycle.exit_now(names.EXIT_RESTART_ME)
     return 0 if loop.done or stop.is_set() else 1
 
 
