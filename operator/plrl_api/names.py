@@ -34,6 +34,9 @@ LABEL_POD_INDEX: Final = "apps.kubernetes.io/pod-index"
 """Set by the StatefulSet controller on each pod: its ordinal (the downward API exposes it)."""
 MANAGED_BY: Final = "pipelinerl-operator"
 """Value of `app.kubernetes.io/managed-by` on the operator's objects."""
+WORKER_CLUSTER_ROLE: Final = "pipelinerl-operator-worker"
+"""The chart's ClusterRole for worker pods (Leases only) under `helm install pipelinerl-operator`;
+another release name gives `<release>-worker`, which the chart passes to the operator."""
 
 # --------------------------------------------------------------------------- annotations
 
@@ -163,8 +166,14 @@ class Names:
 
     @property
     def worker(self) -> str:
-        """ServiceAccount, Role and RoleBinding of the worker pods."""
+        """ServiceAccount of the worker pods."""
         return f"{self.job}-worker"
+
+    @property
+    def worker_binding(self) -> str:
+        """RoleBinding of the worker ServiceAccount to the chart's worker ClusterRole. Not named
+        `worker`: that was the binding to a per-job Role before, and a roleRef cannot change."""
+        return f"{self.job}-worker-leases"
 
     def role(self, role: Role) -> str:
         """StatefulSet and headless Service of a role: `<job>-gen` / `<job>-train`."""

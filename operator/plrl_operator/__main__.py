@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         default=base.webhook_host,
         help="outside the cluster: register the webhook as https://HOST:PORT (generates a certificate)",
     )
+    p.add_argument(
+        "--worker-cluster-role",
+        default=base.worker_cluster_role,
+        help="ClusterRole bound to each job's worker pods (the chart's <release>-worker)",
+    )
     a = p.parse_args(argv)
     namespaces = () if a.all_namespaces else tuple(a.namespace or base.namespaces)
     config = dataclasses.replace(
@@ -57,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         webhook_addr=a.webhook_addr,
         webhook_cert_dir=a.webhook_cert_dir or None,
         webhook_host=a.webhook_host or None,
+        worker_cluster_role=a.worker_cluster_role,
     )
     problem = settings.check(config)
     if problem:

@@ -233,7 +233,15 @@ def _sync(job: spec_mod.PipelineRLJob, generators: int, stopped: bool) -> tuple[
     token = token or secrets.token_urlsafe(32)
     # Made only if missing: a job applied again after a delete finds its predecessor's key.
     key = secrets.token_urlsafe(32)
-    desired = render.render(job, generators, token=token, tls=tls, checkpoint_key=key, stopped=stopped)
+    desired = render.render(
+        job,
+        generators,
+        token=token,
+        tls=tls,
+        checkpoint_key=key,
+        stopped=stopped,
+        worker_role=_CONFIG.worker_cluster_role,
+    )
     written = api.sync(desired, live)
     for w in written:
         metrics.OBJECT_WRITES.labels(kind=w.split("/")[0]).inc()
@@ -328,7 +336,8 @@ def _drifted(
     job: spec_mod.PipelineRLJob, generators: int, stopped: bool, children: status.Children, memo: kopf.Memo
 ) -> bool:
     """A StatefulSet is missing or its hash differs from both the desired and the last applied."""
-    desired = _hashes(render.render(job, generators, stopped=stopped))
+    role = _CONFIG.worker_cluster_role
+    desired = _hashes(render.render(job, generators, stopped=stopped, worker_role=role))
     applied: dict[str, str] = memo.get("applied", {})
     child = names.Names(job.metadata.name)
     for role in names.ROLES:

@@ -42,7 +42,6 @@ CHILD_KINDS: dict[str, Kind] = {
     "ConfigMap": Kind("v1", "configmaps"),
     "Secret": Kind("v1", "secrets"),
     "ServiceAccount": Kind("v1", "serviceaccounts"),
-    "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
     "Service": Kind("v1", "services"),
     "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
@@ -50,7 +49,7 @@ CHILD_KINDS: dict[str, Kind] = {
 }
 LOG = logging.getLogger(__name__)
 # Write order between kinds (lower first); kinds not listed are level 0.
-WRITE_LEVEL = {"RoleBinding": 1, "StatefulSet": 2}
+WRITE_LEVEL = {"StatefulSet": 1}
 JOB_KIND = Kind(f"{spec_mod.API_GROUP}/{spec_mod.API_VERSION}", spec_mod.PLURAL)
 POD_KIND = Kind("v1", "pods")
 LEASE_KIND = Kind("coordination.k8s.io/v1", "leases")
@@ -198,9 +197,8 @@ class Client:
     def sync(self, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
         """Write what differs from `live`; returns `Kind/name` of each write, in `desired` order.
 
-        Writes go out in parallel within a level and level by level (`WRITE_LEVEL`): a RoleBinding
-        only after its Role (RBAC checks the grant against the Role), StatefulSets last, so no pod
-        starts before its ConfigMap, Secret and ServiceAccount exist.
+        Writes go out in parallel within a level and level by level (`WRITE_LEVEL`): StatefulSets
+        last, so no pod starts before its ConfigMap, Secret, ServiceAccount and RoleBinding exist.
         """
         todo = [o for o in desired if needs_write(o, live.get((o["kind"], o["metadata"]["name"])))]
         for level in sorted({WRITE_LEVEL.get(o["kind"], 0) for o in todo}):

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from plrl_api import spec
+from plrl_api import names, spec
 from plrl_operator import jobfile, render
 from plrl_operator.policy import decide
 
@@ -45,6 +45,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--namespace", default=None, help="namespace to render into (default: the job's, else 'default')"
     )
+    parser.add_argument(
+        "--worker-cluster-role",
+        default=names.WORKER_CLUSTER_ROLE,
+        help="the ClusterRole bound to the worker pods: the chart's <release>-worker (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     try:
         job = jobfile.load_job(args.job)
@@ -54,7 +59,7 @@ def main(argv: list[str]) -> int:
     job.metadata.namespace = args.namespace or job.metadata.namespace or "default"
     generators = args.generators if args.generators is not None else decide.current_generators(job.spec, None)
     try:
-        objects = render.render(job, generators)
+        objects = render.render(job, generators, worker_role=args.worker_cluster_role)
     except ValueError as err:
         print(f"plrl render: --generators: {err}", file=sys.stderr)
         return 2

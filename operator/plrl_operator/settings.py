@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from plrl_api import names
+
 
 @dataclasses.dataclass(frozen=True)
 class OperatorConfig:
@@ -51,6 +53,10 @@ class OperatorConfig:
     which needs create/patch on validatingwebhookconfigurations. Unset (the chart): the chart's
     ValidatingWebhookConfiguration points the API server at the operator's Service."""
 
+    worker_cluster_role: str = names.WORKER_CLUSTER_ROLE
+    """The ClusterRole each job's RoleBinding grants its worker pods (the chart's `<release>-worker`:
+    Leases only). The operator may bind it, and no other role."""
+
     @property
     def webhook_configuration(self) -> str:
         """Name of the ValidatingWebhookConfiguration the operator manages when `webhook_host` is set."""
@@ -81,6 +87,7 @@ def from_env(env: dict[str, str] | None = None) -> OperatorConfig:
         webhook_addr=e.get("PLRL_WEBHOOK_ADDR", d.webhook_addr),
         webhook_cert_dir=e.get("PLRL_WEBHOOK_CERT_DIR") or None,
         webhook_host=e.get("PLRL_WEBHOOK_HOST") or None,
+        worker_cluster_role=e.get("PLRL_WORKER_CLUSTER_ROLE", d.worker_cluster_role),
     )
 
 

@@ -124,7 +124,7 @@ def test_render_is_deterministic_and_does_not_mutate_the_job() -> None:
 def test_order_puts_dependencies_first() -> None:
     kinds = [o["kind"] for o in render.render(_example(), 6)]
     assert kinds == [
-        "ConfigMap", "Secret", "Secret", "ServiceAccount", "Role", "RoleBinding",
+        "ConfigMap", "Secret", "Secret", "ServiceAccount", "RoleBinding",
         "Service", "Service", "NetworkPolicy", "StatefulSet", "StatefulSet",
     ]  # fmt: skip
 
@@ -355,6 +355,23 @@ def test_the_network_policy_admits_the_job_s_workers_and_only_the_named_scrapers
     assert not [o for o in render.render(job, 6) if o["kind"] == "NetworkPolicy"]
 
 
+def test_workers_are_bound_to_the_chart_s_cluster_role_in_their_namespace_only() -> None:
+    """The operator writes no Role (it could only grant what it holds, but a Role it writes is
+    still a role it can change): a RoleBinding in the job's namespace grants the chart's ClusterRole."""
+    objects = render.render(_example(), 6, worker_role="team-plrl-worker")
+    assert not [o for o in objects if o["kind"] in ("Role", "ClusterRole", "ClusterRoleBinding")]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "team-plrl-worker",
+    }
+    pod = _sts(objects, "generator")["spec"]["template"]["spec"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": "default"}
+    ]
+
+
 def test_own_service_account_skips_worker_rbac() -> None:
     objects = render.render(_second(), 4)
     assert not [o for o in objects if o["kind"] in ("ServiceAccount", "Role", "RoleBinding")]
@@ -370,9 +387,11 @@ def test_bad_generators_are_refused(generators: int, message: str) -> None:
 
 
 def test_render_cli_prints_a_stream(capsys: pytest.CaptureFixture[str]) -> None:
-    assert render_cli.main([str(ROOT / "examples" / "job.yaml"), "--generators", "8"]) == 0
+    job = str(ROOT / "examples" / "job.yaml")
+    assert render_cli.main([job, "--generators", "8", "--worker-cluster-role", "plrl-worker"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert len(docs) == 11
+    assert len(docs) == 10
+    assert next(d for d in docs if d["kind"] == "RoleBinding")["roleRef"]["name"] == "plrl-worker"
     assert _sts(docs, "generator")["spec"]["replicas"] == 8
     assert _sts(docs, "trainer")["spec"]["replicas"] == 4
 

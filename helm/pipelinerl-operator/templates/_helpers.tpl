@@ -11,6 +11,11 @@
 {{- default (include "plrl.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
+{{/* The ClusterRole every job's workers are bound to in their namespace (rbac.yaml). */}}
+{{- define "plrl.workerRoleName" -}}
+{{- printf "%s-worker" (include "plrl.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "plrl.selectorLabels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -27,8 +32,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 The rules the operator needs in every namespace it watches. Children are garbage-collected
 through owner references, so "delete" appears once: on pods, for replacing a hung worker (its
 process is alive, so its kubelet would never restart it).
-Worker Roles it creates grant Lease access, and RBAC only lets it grant what it holds: hence the
-Lease verbs beyond the list/watch its own cache needs.
+It creates no Roles: each job's RoleBinding grants the chart's worker ClusterRole
+("plrl.workerRoleName", Leases only) to the job's ServiceAccount, and `bind` is allowed on that one
+ClusterRole by name, so the operator cannot grant any other role, nor write one.
 */}}
 {{- define "plrl.namespacedRules" -}}
 - apiGroups: [pipelinerl.io]
@@ -52,8 +58,12 @@ Lease verbs beyond the list/watch its own cache needs.
   resources: [secrets]
   verbs: [get, create]
 - apiGroups: [rbac.authorization.k8s.io]
-  resources: [roles, rolebindings]
+  resources: [rolebindings]
   verbs: [get, list, create, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [clusterroles]
+  verbs: [bind]
+  resourceNames: [{{ include "plrl.workerRoleName" . }}]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, list, create, patch]

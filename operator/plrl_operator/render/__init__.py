@@ -27,6 +27,7 @@ def render(
     tls: Mapping[str, bytes] | None = None,
     checkpoint_key: str = common.TOKEN_PLACEHOLDER,
     stopped: bool = False,
+    worker_role: str = names.WORKER_CLUSTER_ROLE,
 ) -> list[dict[str, Any]]:
     """Every child object of `job` with I = `generators` accelerators generating.
 
@@ -35,13 +36,14 @@ def render(
     talk in plain text), and the checkpoint signing key (kept in a Secret that outlives the job).
     The default placeholders are for `plrl render` and golden tests. `stopped`
     (the job succeeded or failed) scales both StatefulSets to zero, like `spec.suspend`.
+    `worker_role` is the ClusterRole the workers' RoleBinding grants (the chart's).
     """
     pod_plan = plan.PodPlan.of(job.spec, generators)
     cm = config.config_map(job, pod_plan)
     objects: list[dict[str, Any]] = [cm, config.token_secret(job, token, tls)]
     objects.append(config.checkpoint_key_secret(job, checkpoint_key))
     if job.spec.resources.service_account_name is None:
-        objects += config.worker_rbac(job)
+        objects += config.worker_rbac(job, worker_role)
     objects += [workers.service(job, role) for role in names.ROLES]
     if job.spec.network.network_policy:
         objects.append(network.network_policy(job))

@@ -93,33 +93,20 @@ def checkpoint_key_secret(job: spec_mod.PipelineRLJob, key: str) -> dict[str, An
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "stringData": data}
 
 
-def worker_rbac(job: spec_mod.PipelineRLJob) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding that let workers renew their Leases `<job>-<pod>`.
-
-    `create` cannot be limited by name in RBAC, so the Role covers Leases in the namespace.
-    """
-    name = names.Names(job.metadata.name).worker
-    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": common.metadata(job, name)}
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": common.metadata(job, name),
-        "rules": [
-            {
-                "apiGroups": ["coordination.k8s.io"],
-                "resources": ["leases"],
-                "verbs": ["get", "list", "watch", "create", "update", "patch"],
-            }
-        ],
-    }
+def worker_rbac(job: spec_mod.PipelineRLJob, worker_role: str) -> list[dict[str, Any]]:
+    """ServiceAccount of the workers, and the RoleBinding that grants them `worker_role` (the chart's
+    ClusterRole: renew their Leases `<job>-<pod>`) in the job's namespace only. The operator
+    writes no Role: it may bind that one ClusterRole, and nothing else."""
+    child = names.Names(job.metadata.name)
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": common.metadata(job, child.worker)}
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": common.metadata(job, name),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, **_ns(job)}],
+        "metadata": common.metadata(job, child.worker_binding),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": worker_role},
+        "subjects": [{"kind": "ServiceAccount", "name": child.worker, **_ns(job)}],
     }
-    return [sa, role, binding]
+    return [sa, binding]
 
 
 def _ns(job: spec_mod.PipelineRLJob) -> dict[str, str]:

@@ -85,6 +85,7 @@ class Operator:
                     f"--metrics-port={self.metrics_port}",
                     f"--liveness-port={self.liveness_port}",
                     "--status-interval=1",
+                    f"--worker-cluster-role={SA_NAME}-worker",  # as the chart's Deployment says
                     *self.args,
                 ],
                 stdout=log,

@@ -3,13 +3,14 @@
 Cases: `helm lint` passes for the default, the namespaced and the minimal values; `helm template`
 renders the operator Deployment (non-root, read-only root, probes, the right flags), the metrics
 Service, least-privilege RBAC (`delete` only on pods, to replace a hung worker; Roles only in the
-listed namespaces when namespaced; nothing on webhook configurations) and the peering objects; the
+listed namespaces when namespaced; nothing on webhook configurations; no Roles written, only the
+worker ClusterRole bound, by name) and the peering objects; the
 admission webhook is wired (a CA and a serving certificate for the webhook Service in a TLS Secret,
 mounted where the operator's flags read it; the Service; a ValidatingWebhookConfiguration that fails
 closed, with a short timeout, for PipelineRLJob creates and updates only, trusting that CA; scoped
 to the watched namespaces) and absent with `webhook.enabled=false`; after `helm install` the CRD is
 served (`kubectl explain` shows the descriptions from spec.py) and the chart's ServiceAccount may do
-what the operator needs and no more.
+what the operator needs and no more (`kubectl auth can-i --as` it).
 """
 
 from __future__ import annotations
@@ -38,7 +39,24 @@ def _template(helm: tools.Tool, *args: str) -> list[dict[str, Any]]:
 
 
 def _kinds(docs: list[dict[str, Any]]) -> dict[tuple[str, str | None], dict[str, Any]]:
-    return {(d["kind"], d["metadata"].get("namespace")): d for d in docs}
+    return {(d["kind"], d["metadata"].get("namespace")): d for d in docs if d["kind"] != "ClusterRole"}
+
+
+def _cluster_roles(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+
+
+WORKER_ROLE = f"{support.SA_NAME}-worker"
+
+
+def _check_worker_role(docs: list[dict[str, Any]]) -> None:
+    """The workers' ClusterRole holds Leases and nothing else; the operator is told its name."""
+    worker = _cluster_roles(docs)[WORKER_ROLE]
+    rules = [(r["apiGroups"], r["resources"]) for r in worker["rules"]]
+    assert rules == [(["coordination.k8s.io"], ["leases"])]
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--worker-cluster-role={WORKER_ROLE}" in args
 
 
 MINIMAL = ("--set", "peering.enabled=false,metrics.enabled=false,webhook.enabled=false")
@@ -55,8 +73,8 @@ def test_template_cluster_wide(helm: tools.Tool) -> None:
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         [
-            "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "Deployment",
-            "Service", "Service", "Secret", "ValidatingWebhookConfiguration",
+            "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering",
+            "Deployment", "Service", "Service", "Secret", "ValidatingWebhookConfiguration",
         ]
     )  # fmt: skip
     deploy = next(d for d in docs if d["kind"] == "Deployment")
@@ -70,7 +88,8 @@ def test_template_cluster_wide(helm: tools.Tool) -> None:
     assert c["image"] == "ghcr.io/pipelinerl/plrl-operator:0.1.0"
     svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-metrics"))
     assert svc["spec"]["ports"][0]["port"] == 9090
-    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    _check_worker_role(docs)
+    role = _cluster_roles(docs)[support.SA_NAME]
     verbs = {v for rule in role["rules"] for v in rule["verbs"]}
     assert "*" not in verbs
     # Children are garbage-collected; the one delete is of a hung worker's pod.
@@ -86,6 +105,12 @@ def test_template_cluster_wide(helm: tools.Tool) -> None:
     } <= resources
     groups = {g for rule in role["rules"] for g in rule["apiGroups"]}
     assert "admissionregistration.k8s.io" not in groups, "the chart installs the webhook configuration"
+    rbac = [r for r in role["rules"] if r["apiGroups"] == ["rbac.authorization.k8s.io"]]
+    # Binds the workers' ClusterRole, by name; writes no role.
+    assert [(r["resources"], r["verbs"], r.get("resourceNames")) for r in rbac] == [
+        (["rolebindings"], ["get", "list", "create", "patch"], None),
+        (["clusterroles"], ["bind"], [WORKER_ROLE]),
+    ]
 
 
 def test_template_wires_the_admission_webhook(helm: tools.Tool) -> None:
@@ -153,13 +178,15 @@ def test_template_wires_the_admission_webhook(helm: tools.Tool) -> None:
 
 
 def test_template_namespaced(helm: tools.Tool) -> None:
-    docs = _kinds(_template(helm, *NAMESPACED))
+    all_docs = _template(helm, *NAMESPACED)
+    docs = _kinds(all_docs)
     for ns in ("team-a", "team-b"):
         role = docs[("Role", ns)]
         assert any("pipelinerljobs" in r["resources"] for r in role["rules"])
         assert docs[("RoleBinding", ns)]["subjects"][0]["namespace"] == "plrl-system"
         assert ("KopfPeering", ns) in docs
-    cluster_role = docs[("ClusterRole", None)]
+    _check_worker_role(all_docs)
+    cluster_role = _cluster_roles(all_docs)[f"{support.SA_NAME}-discovery"]
     assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"], ["nodes"]]
     assert cluster_role["rules"][1]["verbs"] == ["get", "list", "watch"]  # read only
     args = docs[("Deployment", "plrl-system")]["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -189,4 +216,12 @@ def test_installed_crd_and_service_account_permissions(chart: support.Chart, kub
     assert (can("create", "secrets"), can("get", "secrets")) == ("yes", "yes")
     assert (can("list", "secrets"), can("watch", "secrets"), can("patch", "secrets")) == ("no", "no", "no")
     assert can("create", "pods") == "no"
+    # RBAC: bind the workers' ClusterRole in a job's namespace; write no role, bind no other.
+    assert can("create", "rolebindings.rbac.authorization.k8s.io") == "yes"
+    assert can("bind", f"clusterroles.rbac.authorization.k8s.io/{WORKER_ROLE}") == "yes"
+    assert can("bind", "clusterroles.rbac.authorization.k8s.io/cluster-admin") == "no"
+    assert can("bind", "roles.rbac.authorization.k8s.io") == "no"
+    for verb in ("create", "patch", "escalate"):
+        assert can(verb, "roles.rbac.authorization.k8s.io") == "no"
+        assert can(verb, "clusterroles.rbac.authorization.k8s.io") == "no"
     assert can("create", "validatingwebhookconfigurations.admissionregistration.k8s.io") == "no"

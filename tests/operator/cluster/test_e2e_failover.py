@@ -188,7 +188,11 @@ def test_a_killed_trainer_rank_restarts_the_whole_trainer_group_and_the_job_succ
         now = job.uids(names.TRAINER)
         return len(now) == 2 and not set(now.values()) & set(before.values())
 
-    eventually(group_replaced, 60, "both trainer pods to be replaced")
+    try:
+        # Seen: 0.7 s alone. Once, in CI, past 60 s, leaving nothing to say why: hence the report.
+        eventually(group_replaced, 120, "both trainer pods to be replaced")
+    except pytest.fail.Exception:
+        pytest.fail(_why_not_replaced(job, operator))
     print(f"trainer group replaced {time.monotonic() - killed_at:.1f} s after rank 1 was killed")
     _succeeds(job, steps, restarts=1)
     (group,) = job.events("TrainerGroupRestarted")
@@ -197,6 +201,24 @@ def test_a_killed_trainer_rank_restarts_the_whole_trainer_group_and_the_job_succ
     assert any(m.startswith(f"trainer {rank1} exited with code 137") for m in restarted), restarted
     assert "resumed from /checkpoints: step" in job.log_tails(400)
     _accounted(job, steps)
+
+
+def _why_not_replaced(job: e2e.Tiny, operator: support.Operator) -> str:
+    """What the trainer pods' kubelet said, what the operator decided and logged."""
+    pods = []
+    for p in job.pods():
+        for c in (p.get("status") or {}).get("containerStatuses") or []:
+            state = {k: v.get("exitCode", "") for k, v in (c.get("state") or {}).items()}
+            last = {k: v.get("exitCode", "") for k, v in (c.get("lastState") or {}).items()}
+            name, uid, restarts = p["metadata"]["name"], p["metadata"]["uid"], c.get("restartCount")
+            pods.append(f"{name} uid {uid}: restarts {restarts}, state {state}, last {last}")
+    events = {r: job.events(r) for r in ("WorkerRestarted", "TrainerGroupRestarted", "ReconcileFailed")}
+    return (
+        "the trainer group was not replaced within 120 s\n"
+        + "\n".join(pods)
+        + f"\nevents: {events}\nstatus: {job.status()}\n--- operator ---\n{operator.tail(80)}"
+        + f"\n{job.log_tails(30)}"
+    )
 
 
 @pytest.mark.parametrize("tiny_nodes", [2])

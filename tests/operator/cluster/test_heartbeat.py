@@ -1,15 +1,16 @@
 """Worker heartbeats against the real control plane, renewed as the job's worker ServiceAccount.
 
 Cases: the operator-rendered worker configs (from the job's ConfigMap) and a TokenRequest token of
-`<job>-worker` are all that trainer-0's and two generators' heartbeats need, so the rendered Role
-suffices (server-side apply creates, then renews, each Lease `<job>-<pod>`); trainer-0 finds its
+`<job>-worker` are all that trainer-0's and two generators' heartbeats need, so the chart's worker
+ClusterRole, bound by the rendered RoleBinding, suffices (server-side apply creates, then renews,
+each Lease `<job>-<pod>`); trainer-0 finds its
 credentials the way a pod does (mounted token and CA, KUBERNETES_SERVICE_* env), the generators
 through a kubeconfig; `kubectl get plrljobs`
 then shows STEP, LAG, REWARD and TOK/S from trainer-0's metrics row and follows it as it changes;
 the Leases carry every worker's numbers; WorkersHealthy goes Unknown -> True, then False naming the
 pod (plus a HeartbeatTimeout event) once one generator stops renewing; trainer-0 reporting
 `finished` makes the job Succeeded; deleting the job deletes its Leases (they are owned by it).
-A ServiceAccount without the Role is refused (403): logged, retried, never raised to the worker.
+A ServiceAccount without that binding is refused (403): logged, retried, never raised to the worker.
 """
 
 from __future__ import annotations
@@ -271,7 +272,7 @@ def test_a_refused_renewal_is_logged_and_retried(
     job = spec_mod.parse_job({**doc, "metadata": {"name": "nobody", "namespace": namespace}})
     cm = render_config.config_map(job, plan.PodPlan.of(job.spec, 2))
     cfg = worker_config.WorkerConfig.model_validate_json(cm["data"]["generator.json"])
-    # The namespace's `default` ServiceAccount: authenticated, but no Role lets it touch Leases.
+    # The namespace's `default` ServiceAccount: authenticated, but no binding lets it touch Leases.
     eventually(lambda: _get(kubectl, "serviceaccount", "default", "-n", namespace), 30, "the default SA")
     kubeconfig = _worker_kubeconfig(
         core_api, control_plane, namespace, "default", tmp_path / "default.kubeconfig"
