@@ -115,6 +115,8 @@ class Identity:
     """Overrides the config's metrics port (`plrl run`: processes share one IP)."""
     pod_name: str | None = None
     """Set in a cluster only; the worker then renews its Lease `<job>-<pod>`."""
+    pod_uid: str | None = None
+    """Set in a cluster only: this incarnation of the pod, named on its Lease."""
     namespace: str | None = None
 
     def rank(self, gpus_per_pod: int) -> int:
@@ -139,5 +141,6 @@ class Identity:
             bind_host=env.get(names.ENV_BIND_HOST) or "0.0.0.0",
             metrics_port=_int(env, names.ENV_METRICS_PORT, None),
             pod_name=env.get(names.ENV_POD_NAME) or None,
+            pod_uid=env.get(names.ENV_POD_UID) or None,
             namespace=env.get(names.ENV_NAMESPACE) or None,
         )

@@ -59,6 +59,9 @@ ANNOTATION_PROGRESS: Final = "pipelinerl.io/progress"
 """Trainer rank 0 only: the job's `records.Progress` as JSON."""
 ANNOTATION_RELEASED: Final = "pipelinerl.io/released"
 """`plrl run` only: the worker stopped renewing on purpose (it is exiting), so silence is no hang."""
+ANNOTATION_POD_UID: Final = "pipelinerl.io/pod-uid"
+"""On a worker's Lease: the uid of the pod whose process wrote it (a pod recreated under the same
+name has a new one, so its predecessor's late renewals are told apart)."""
 
 # --------------------------------------------------------------------------- environment
 
@@ -70,6 +73,8 @@ ENV_NAMESPACE: Final = "PLRL_NAMESPACE"
 """The pod's namespace (downward API); unset outside a cluster."""
 ENV_POD_NAME: Final = "PLRL_POD_NAME"
 """The pod's name (downward API); its Lease is `<job>-<pod>`. Unset outside a cluster."""
+ENV_POD_UID: Final = "PLRL_POD_UID"
+"""The pod's uid (downward API), written on its Lease (`ANNOTATION_POD_UID`)."""
 ENV_POD_INDEX: Final = "PLRL_POD_INDEX"
 """The pod's StatefulSet ordinal (downward API from `LABEL_POD_INDEX`)."""
 ENV_LOCAL_RANK: Final = "PLRL_LOCAL_RANK"

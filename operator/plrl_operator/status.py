@@ -124,6 +124,22 @@ class Children:
     nodes: dict[str, health.NodeReadiness] = dataclasses.field(default_factory=dict)
     """Readiness of the nodes the pods are on, by node name (a node not listed is not judged)."""
 
+    def own_leases(self) -> list[dict[str, Any]]:
+        """The Leases not written by another incarnation of their pod. A pod force-deleted (to
+        replace it, or to restart the trainers at a new world size) is recreated under its name at
+        once, while its old process may still renew the Lease once as it exits: that renewal, later
+        than the new pod's start, would be taken for the new pod's, and the new pod judged hung
+        `timeoutSeconds` later (found in CI). Workers name their pod's uid on the Lease."""
+        uids = {str(p["metadata"].get("name")): p["metadata"].get("uid") for p in self.pods}
+        own = []
+        for lease in self.leases:
+            holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+            writer = (lease.get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_POD_UID)
+            if writer and uids.get(holder) and writer != uids[holder]:
+                continue
+            own.append(lease)
+        return own
+
     @functools.cached_property
     def reports(self) -> dict[str, Report]:
         """The heartbeat reports of current pods only (`_current_leases`), by pod name: parsed once
@@ -301,7 +317,7 @@ def workers(
         str((lease.get("spec") or {}).get("holderIdentity") or ""): _time(
             (lease.get("spec") or {}).get("renewTime")
         )
-        for lease in children.leases
+        for lease in children.own_leases()
     }
     slow, reported_at = slow_generators(children)
     out = []
@@ -465,7 +481,7 @@ def _current_leases(children: Children) -> list[dict[str, Any]]:
         if not p.get("metadata", {}).get("deletionTimestamp")
     }
     current = []
-    for lease in children.leases:
+    for lease in children.own_leases():
         spec = lease.get("spec") or {}
         holder, renewed = str(spec.get("holderIdentity") or ""), _time(spec.get("renewTime"))
         born = created.get(holder)
@@ -502,7 +518,7 @@ def heartbeats(
     timeout = job.heartbeat.timeout_seconds
     fresh: list[str] = []
     stale: list[tuple[str, datetime.datetime]] = []
-    for lease in children.leases:
+    for lease in children.own_leases():
         spec = lease.get("spec") or {}
         holder = str(spec.get("holderIdentity") or "")
         if holder not in pods:

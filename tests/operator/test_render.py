@@ -255,6 +255,7 @@ def test_peers_come_from_services_and_the_pod_index_not_hostfiles() -> None:
             [
                 names.ENV_NAMESPACE,
                 names.ENV_POD_NAME,
+                names.ENV_POD_UID,
                 names.ENV_POD_INDEX,
                 names.ENV_TOKEN_FILE,
                 "HOME",
@@ -262,6 +263,7 @@ def test_peers_come_from_services_and_the_pod_index_not_hostfiles() -> None:
             ]
         )
         assert env["HOME"]["value"] == env["TMPDIR"]["value"] == names.SCRATCH_DIR
+        assert env["PLRL_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
         assert env["PLRL_POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
             "metadata.labels['apps.kubernetes.io/pod-index']"
         )

@@ -516,3 +516,26 @@ def test_a_renewal_in_the_second_a_container_restarted_is_its_predecessors() -> 
     children.leases[-1] = _beat("demo-generator-0", T0 - datetime.timedelta(seconds=8.5))
     hung = [w.name for w in status.observation(children, job.spec.heartbeat, T0).workers if w.needs_restart]
     assert hung == ["demo-generator-0"]
+
+
+def test_a_renewal_by_the_process_of_a_force_deleted_predecessor_is_not_the_new_pods() -> None:
+    """Found in CI: the trainer pods were force-deleted to restart at a new world size; the new
+    trainer-0 started at 11:59:49 and the old process, exiting, renewed the Lease once at 11:59:50.
+    Taken for the new pod's, that renewal made the new pod "silent for 5 s" while it was still
+    loading its model, and it was replaced and counted. The Lease names the pod uid that wrote it."""
+    job = _job(heartbeat={"intervalSeconds": 1, "timeoutSeconds": 5})
+    children = _running_children()
+    for pod in children.pods:
+        _running_since(pod, "2026-01-01T11:59:40Z")
+    children.leases.extend(_beat(p["metadata"]["name"], T0) for p in children.pods[1:])
+    new = _running_since(children.pods[0], "2026-01-01T11:59:49Z")
+    late = _beat("demo-generator-0", T0 - datetime.timedelta(seconds=10))  # 11:59:50
+    late["metadata"]["annotations"][names.ANNOTATION_POD_UID] = "uid-of-the-pod-before"
+    children.leases.append(late)
+    observed = status.observation(children, job.spec.heartbeat, T0)
+    assert not any(w.needs_restart for w in observed.workers)
+    assert _health(children, T0).reason != "HeartbeatTimeout"
+    # Written by the new pod itself, the same renewal is its own: silent 10 s, it is hung.
+    late["metadata"]["annotations"][names.ANNOTATION_POD_UID] = new["metadata"]["uid"]
+    hung = [w.name for w in status.observation(children, job.spec.heartbeat, T0).workers if w.needs_restart]
+    assert hung == ["demo-generator-0"]

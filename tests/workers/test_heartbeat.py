@@ -53,7 +53,9 @@ def _worker_config(role: names.Role) -> worker_config.WorkerConfig:
 def _pod(pod: str) -> identity.Identity:
     """A pod's identity as its env gives it (downward API)."""
     return identity.Identity.from_env(
-        samples.token_env() | {names.ENV_NAMESPACE: "ns", names.ENV_POD_NAME: pod, names.ENV_POD_INDEX: "0"}
+        samples.token_env()
+        | {names.ENV_NAMESPACE: "ns", names.ENV_POD_NAME: pod, names.ENV_POD_INDEX: "0"}
+        | {names.ENV_POD_UID: f"uid-of-{pod}"}
     )
 
 
@@ -87,6 +89,7 @@ def test_the_operator_reads_back_the_trainers_row() -> None:
         "pipelinerl.io/queue-depth": "4",
         "pipelinerl.io/utilisation": "0.750",  # busy 3 s of a 4 s step
         "pipelinerl.io/capacity-tokens-per-second": "300.0",  # 900 completion tokens in 3 busy s
+        "pipelinerl.io/pod-uid": "uid-of-demo-train-0",
     }
 
 
@@ -98,7 +101,7 @@ def test_finished_reaches_the_job_status() -> None:
     pod = {
         "metadata": {
             "name": "demo-train-0",
-            "uid": "p1",
+            "uid": "uid-of-demo-train-0",  # the pod that wrote the Lease
             "labels": {names.LABEL_ROLE: names.TRAINER},
             "creationTimestamp": "2026-01-01T11:00:00Z",
         }
@@ -162,6 +165,8 @@ def test_lease_shape() -> None:
     assert lease["metadata"]["name"] == "demo-demo-gen-1"  # `<job>-<pod>`
     assert lease["metadata"]["namespace"] == "ns"
     assert lease["metadata"]["labels"] == {"pipelinerl.io/job": "demo", "pipelinerl.io/role": "generator"}
+    # The pod's incarnation: a pod recreated under its name is not credited with the old one's beats.
+    assert lease["metadata"]["annotations"][names.ANNOTATION_POD_UID] == "uid-of-demo-gen-1"
     assert lease["metadata"]["ownerReferences"] == [
         {"apiVersion": "pipelinerl.io/v1alpha1", "kind": "PipelineRLJob", "name": "demo", "uid": "uid-1"}
     ]

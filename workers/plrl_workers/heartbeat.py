@@ -5,9 +5,10 @@ thread server-side-applies the coordination.k8s.io Lease `<job>-<pod>` every
 `spec.heartbeat.intervalSeconds`: holderIdentity (the pod), renewTime, leaseDurationSeconds
 (`spec.heartbeat.timeoutSeconds`), the labels `pipelinerl.io/job` and `pipelinerl.io/role` (the
 operator watches Leases by the first), and annotations with the worker's role, weight version,
-tokens/s, queue depth and utilisation. Trainer rank 0 adds `pipelinerl.io/progress`: the JSON of
-`plrl_api.records.Progress`, from which the operator fills the job's STEP, LAG, REWARD and TOK/S
-and, once it says `finished`, marks the job Succeeded.
+tokens/s, queue depth and utilisation, and the pod's uid (a pod recreated under the same name
+while its old process still renews is told apart by it). Trainer rank 0 adds
+`pipelinerl.io/progress`: the JSON of `plrl_api.records.Progress`, from which the operator fills
+the job's STEP, LAG, REWARD and TOK/S and, once it says `finished`, marks the job Succeeded.
 
 Under `plrl run` (no pod name, a run directory) every process writes the same Lease object, as
 JSON, to `<run dir>/heartbeats/<process>.json` (e.g. `generator-1.json`), where the local runner
@@ -15,9 +16,9 @@ reads it the way the operator reads Leases: a process whose renewals stop (hung,
 found stale after `timeoutSeconds` and replaced. Without either `start` returns None.
 
 One Lease per pod: in a trainer pod with several ranks only local rank 0 renews it. The Lease is
-owned by the job (as a plain owner: no `blockOwnerDeletion`, so the worker Role's Lease verbs
-suffice), so deleting the job deletes it. A failed renewal is logged and retried with backoff; it
-never reaches the worker's own loop.
+owned by the job (as a plain owner: no `blockOwnerDeletion`, so the Lease verbs of the chart's
+worker ClusterRole suffice), so deleting the job deletes it. A failed renewal is logged and
+retried with backoff; it never reaches the worker's own loop.
 
 Building a Lease is pure (`trainer_report`, `generator_report`, `lease`; the annotation encoding is
 `plrl_api.records.lease_annotations`); `_Api` is the only I/O and this module the only one in the
@@ -66,6 +67,8 @@ class Target:
     timeout_s: float
     local_dir: str | None = None
     """`plrl run`: write the Lease to `<local_dir>/<pod>.json` instead of the API server."""
+    pod_uid: str | None = None
+    """This incarnation of the pod (`names.ANNOTATION_POD_UID` on the Lease)."""
 
     @property
     def name(self) -> str:
@@ -104,6 +107,7 @@ def target(cfg: worker_config.WorkerConfig, ident: identity.Identity) -> Target 
         role=cfg.role,
         interval_s=hb.interval_seconds,
         timeout_s=hb.timeout_seconds,
+        pod_uid=ident.pod_uid,
     )
 
 
@@ -175,6 +179,8 @@ def lease(
         "labels": {names.LABEL_JOB: tgt.job, names.LABEL_ROLE: tgt.role},
         "annotations": records.lease_annotations(report),
     }
+    if tgt.pod_uid:
+        meta["annotations"][names.ANNOTATION_POD_UID] = tgt.pod_uid
     if tgt.job_uid:
         meta["ownerReferences"] = [
             {

@@ -67,6 +67,7 @@ def _env(job: spec_mod.PipelineRLJob) -> list[dict[str, Any]]:
     return [
         {"name": names.ENV_NAMESPACE, "valueFrom": field("metadata.namespace")},
         {"name": names.ENV_POD_NAME, "valueFrom": field("metadata.name")},
+        {"name": names.ENV_POD_UID, "valueFrom": field("metadata.uid")},
         {"name": names.ENV_POD_INDEX, "valueFrom": field(f"metadata.labels['{names.LABEL_POD_INDEX}']")},
         {"name": names.ENV_TOKEN_FILE, "value": names.TOKEN_FILE},
         # The root filesystem is read-only: home and temporary files go to the scratch emptyDir.

@@ -1,4 +1,4 @@
-"""End to end: the operator rescales a running job whose generator became the bottleneck.
+"""End to end: the operator rescales a running job whose generator, or trainer, became the bottleneck.
 
 Three fake GPUs, I = 1 (one generator pod, two trainer pods). The generator is slowed 8x (stopped
 and continued, running an eighth of the time), so generation is the bottleneck and the planner's
@@ -7,6 +7,9 @@ optimum for the measured capacities is I = 2. What a user must see: GEN/TRAIN go
 ratio and its reason, `status.autoscaler` remembers it; the generator that stays keeps its pod
 (same uid, no container restart), the trainer pods are replaced (new world size, resumed from the
 latest checkpoint), nothing is counted as a failure, and every step and prompt is accounted for.
+
+The other way round: I = 2 with the trainer slowed 8x goes 2/1 -> 1/2; the generator pod that goes
+drains, the one that stays keeps its pod, the accounting holds.
 """
 
 from __future__ import annotations
@@ -78,6 +81,65 @@ def test_a_job_whose_generator_is_slowed_gets_a_second_generator_and_only_the_tr
     print(f"the change cost {memory.get('lastChangeCostSeconds')} s; {change}")
     assert "resumed from /checkpoints: step" in job.log_tails(400)
 
+    records = job.records()
+    assert [r.step for r in records] == list(range(1, STEPS + 1))
+    p = records[-1].prompts
+    assert p.balanced and p.outstanding == 0, p
+
+
+def test_a_job_whose_trainer_is_slowed_gives_up_a_generator_and_the_generator_that_stays_keeps_its_pod(
+    operator: support.Operator, namespace: str, tiny: Callable[..., e2e.Tiny]
+) -> None:
+    """The other direction: I = 2 (two generator pods, one trainer pod) with the trainer slowed 8x,
+    so training is the bottleneck and the optimum is I = 1. (Measured: the tiny job is trainer-bound
+    at I = 2 even unslowed, two generators ~4,500 tok/s against one trainer under 2,000; the
+    slowdown makes sure of it. What this shows is the way down, not the trigger.) GEN/TRAIN go 2/1 -> 1/2; the generator
+    that leaves drains (its prompts are leased again, none trained twice), the one that stays keeps
+    its pod, and the trainer restarts with two ranks from its latest checkpoint."""
+    job = tiny(
+        resources={"totalGPUs": 3},
+        pipeline={
+            "generators": 2,
+            "maxLag": 8,
+            "autoscale": {"enabled": True, "everySteps": 3, "cooldownSteps": 10},
+        },
+        training={"totalSteps": STEPS, "checkpoint": {"everySteps": 3}},
+        heartbeat={"intervalSeconds": 1, "timeoutSeconds": 5},
+    )
+    job.apply()
+    job.watch("Succeeded", timeout_s=300, stop_at_step=2)
+    gens_before = job.uids(names.GENERATOR)
+    ((trainer, trainer_uid),) = job.uids(names.TRAINER).items()
+    assert len(gens_before) == 2
+    seen: list[dict[str, str]] = []
+
+    def rescaled() -> bool:
+        seen.append(job.row())
+        return seen[-1].get("GEN") == "1"
+
+    with pod_processes.DutyCycle(pod_processes.worker_process(namespace, trainer), factor=8):
+        slowed_at = time.monotonic()
+        eventually(rescaled, 300, "GEN to become 1")
+        print(f"I 2 -> 1 {time.monotonic() - slowed_at:.1f} s after the trainer was slowed")
+    assert seen[-1]["TRAIN"] == "2", seen[-1]
+
+    def resized() -> bool:
+        gens, trainers = job.uids(names.GENERATOR), job.uids(names.TRAINER)
+        return len(gens) == 1 and len(trainers) == 2 and trainer_uid not in trainers.values()
+
+    eventually(resized, 120, "one generator pod left and two new trainer pods")
+    ((stays, stays_uid),) = job.uids(names.GENERATOR).items()
+    assert gens_before.get(stays) == stays_uid  # the lower ordinal stays, in its own pod
+    pod = next(p for p in job.pods() if p["metadata"]["name"] == stays)
+    assert all(c["restartCount"] == 0 for c in pod["status"]["containerStatuses"]), pod["status"]
+
+    final = job.watch("Succeeded", timeout_s=400)
+    last = final[-1].row
+    assert (last["STEP"], last["RESTARTS"]) == (str(STEPS), "0"), last
+    (change, *_) = job.events("Rescaled")
+    assert change.startswith("I 2 -> 1 at step "), change
+    assert "trainers are the bottleneck" in change, change
+    print(f"the change cost {job.status()['autoscaler'].get('lastChangeCostSeconds')} s; {change}")
     records = job.records()
     assert [r.step for r in records] == list(range(1, STEPS + 1))
     p = records[-1].prompts

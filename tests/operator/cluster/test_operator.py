@@ -175,7 +175,7 @@ def test_example_job_runs_on_matching_gpu_nodes(
         "AllPodsReady",
         "PodsScheduled",
         "Created",
-        "applied 11 objects",
+        "applied 10 objects",
         "-> Running",
     ):
         assert text in describe, describe
@@ -435,7 +435,7 @@ def test_delete_leaves_nothing_behind(
     _running_small_job(kubectl, namespace, gpu_nodes, "doomed")
     assert (
         len((_get(kubectl, CHILD_KINDS, "-n", namespace, "-l", "pipelinerl.io/job=doomed") or {})["items"])
-        == 14
+        == 13
     )
     kubectl("delete", "plrljob", "doomed", "-n", namespace, "--wait=true", "--timeout=60s")
 
