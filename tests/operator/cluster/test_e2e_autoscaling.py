@@ -27,13 +27,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 STEPS = 24
 
 
-def test_a_job_whose_generator_is_slowed_gets_a_second_generator_and_only_the_trainers_restart(
-    operator: support.Operator, namespace: str, tiny: Callable[..., e2e.Tiny]
-) -> None:
+def _autoscaled(tiny: Callable[..., e2e.Tiny], generators: int) -> e2e.Tiny:
+    """The tiny job on 3 fake GPUs starting at I = `generators`, autoscaled every 3 steps, once it
+    has trained 2 steps."""
     job = tiny(
         resources={"totalGPUs": 3},
         pipeline={
-            "generators": 1,
+            "generators": generators,
             "maxLag": 8,
             "autoscale": {"enabled": True, "everySteps": 3, "cooldownSteps": 10},
         },
@@ -42,19 +42,32 @@ def test_a_job_whose_generator_is_slowed_gets_a_second_generator_and_only_the_tr
     )
     job.apply()
     job.watch("Succeeded", timeout_s=300, stop_at_step=2)
-    ((gen, gen_uid),) = job.uids(names.GENERATOR).items()
-    trainers_before = job.uids(names.TRAINER)
-    assert len(trainers_before) == 2
+    return job
+
+
+def _slowed_until(job: e2e.Tiny, namespace: str, pod: str, gen: str) -> list[dict[str, str]]:
+    """Runs `pod`'s worker an eighth of the time until GEN reads `gen`; the rows seen meanwhile."""
     seen: list[dict[str, str]] = []
 
     def rescaled() -> bool:
         seen.append(job.row())
-        return seen[-1].get("GEN") == "2"
+        return seen[-1].get("GEN") == gen
 
-    with pod_processes.DutyCycle(pod_processes.worker_process(namespace, gen), factor=8):
+    with pod_processes.DutyCycle(pod_processes.worker_process(namespace, pod), factor=8):
         slowed_at = time.monotonic()
-        eventually(rescaled, 300, "GEN to become 2")
-        print(f"I 1 -> 2 {time.monotonic() - slowed_at:.1f} s after the generator was slowed")
+        eventually(rescaled, 300, f"GEN to become {gen}")
+        print(f"GEN {gen} {time.monotonic() - slowed_at:.1f} s after {pod} was slowed")
+    return seen
+
+
+def test_a_job_whose_generator_is_slowed_gets_a_second_generator_and_only_the_trainers_restart(
+    operator: support.Operator, namespace: str, tiny: Callable[..., e2e.Tiny]
+) -> None:
+    job = _autoscaled(tiny, generators=1)
+    ((gen, gen_uid),) = job.uids(names.GENERATOR).items()
+    trainers_before = job.uids(names.TRAINER)
+    assert len(trainers_before) == 2
+    seen = _slowed_until(job, namespace, gen, "2")
     assert seen[-1]["TRAIN"] == "1", seen[-1]
 
     def trainers_replaced() -> bool:
@@ -93,34 +106,15 @@ def test_a_job_whose_trainer_is_slowed_gives_up_a_generator_and_the_generator_th
     """The other direction: I = 2 (two generator pods, one trainer pod) with the trainer slowed 8x,
     so training is the bottleneck and the optimum is I = 1. (Measured: the tiny job is trainer-bound
     at I = 2 even unslowed, two generators ~4,500 tok/s against one trainer under 2,000; the
-    slowdown makes sure of it. What this shows is the way down, not the trigger.) GEN/TRAIN go 2/1 -> 1/2; the generator
-    that leaves drains (its prompts are leased again, none trained twice), the one that stays keeps
-    its pod, and the trainer restarts with two ranks from its latest checkpoint."""
-    job = tiny(
-        resources={"totalGPUs": 3},
-        pipeline={
-            "generators": 2,
-            "maxLag": 8,
-            "autoscale": {"enabled": True, "everySteps": 3, "cooldownSteps": 10},
-        },
-        training={"totalSteps": STEPS, "checkpoint": {"everySteps": 3}},
-        heartbeat={"intervalSeconds": 1, "timeoutSeconds": 5},
-    )
-    job.apply()
-    job.watch("Succeeded", timeout_s=300, stop_at_step=2)
+    slowdown makes sure of it. What this shows is the way down, not the trigger.) GEN/TRAIN go
+    2/1 -> 1/2; the generator that leaves drains (its prompts are leased again, none trained twice),
+    the one that stays keeps its pod, and the trainer restarts with two ranks from its latest
+    checkpoint."""
+    job = _autoscaled(tiny, generators=2)
     gens_before = job.uids(names.GENERATOR)
     ((trainer, trainer_uid),) = job.uids(names.TRAINER).items()
     assert len(gens_before) == 2
-    seen: list[dict[str, str]] = []
-
-    def rescaled() -> bool:
-        seen.append(job.row())
-        return seen[-1].get("GEN") == "1"
-
-    with pod_processes.DutyCycle(pod_processes.worker_process(namespace, trainer), factor=8):
-        slowed_at = time.monotonic()
-        eventually(rescaled, 300, "GEN to become 1")
-        print(f"I 2 -> 1 {time.monotonic() - slowed_at:.1f} s after the trainer was slowed")
+    seen = _slowed_until(job, namespace, trainer, "1")
     assert seen[-1]["TRAIN"] == "2", seen[-1]
 
     def resized() -> bool:
