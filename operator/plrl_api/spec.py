@@ -392,7 +392,11 @@ class CheckpointSpec(_Model):
     """When and where trainer rank 0 saves checkpoints."""
 
     every_steps: Int = Field(
-        default=50, ge=1, le=10_000_000, description="Save after every K optimizer steps."
+        default=50,
+        ge=1,
+        le=10_000_000,
+        description="Save after every K optimizer steps; also at the last step, and at the step reached when "
+        "the trainers are stopped (a change of I, a suspend, SIGTERM).",
     )
     path: str = Field(
         default="/checkpoints",

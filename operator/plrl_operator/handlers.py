@@ -448,14 +448,15 @@ async def _replace(
             "latest checkpoint (one restart counted)",
         )
     uids = {w.name: w.instance for w in workers}
-    await _delete_pods(ns, {pod: uids.get(pod) for pod in doomed})
+    await _delete_pods(ns, {pod: uids.get(pod) for pod in doomed}, grace_s=0)
 
 
-async def _delete_pods(namespace: str, pods: dict[str, str | None]) -> None:
-    """Force-delete (grace 0) each pod, preconditioned on its uid where known: a replacement the
-    StatefulSet already made under the same name is never taken along."""
+async def _delete_pods(namespace: str, pods: dict[str, str | None], grace_s: int | None) -> None:
+    """Delete each pod (`grace_s` 0: force-delete; None: the pod's own grace period),
+    preconditioned on its uid where known: a replacement the StatefulSet already made under the
+    same name is never taken along."""
     for pod, uid in pods.items():
-        await asyncio.to_thread(client().delete_pod, namespace, pod, 0, uid)
+        await asyncio.to_thread(client().delete_pod, namespace, pod, grace_s, uid)
 
 
 def _autoscaler(
@@ -477,15 +478,16 @@ async def _rescale_trainers(
     body: kopf.Body, job: spec_mod.PipelineRLJob, change: types.Decision, children: status.Children
 ) -> None:
     """Carry out a change of I: the StatefulSets already have their new replicas (generators join or
-    leave on their own: a leaving one's leases go back to the queue when its streams end); the
-    trainers' world size changed, so every trainer pod of the old size is replaced at once and the
-    new group resumes from the latest checkpoint (a checkpoint of any world size loads). Deleting
-    them one by one, as a rolling update would, leaves a group that can never meet."""
+    leave on their own: a leaving one finishes what it decodes, within a bound, and its unfinished
+    leases go back to the queue); the trainers' world size changed, so every trainer pod of the old
+    size is deleted at once, gracefully: on SIGTERM the group ends its current step and checkpoints
+    it, and the new group resumes from that checkpoint (one of any world size loads). Deleting them
+    one by one, as a rolling update would, leaves a group that can never meet."""
     kopf.info(
         body,
         reason=events.RESCALED,
-        message=f"{autoscaling.describe(change)}; trainer pods restart with the new world size from their "
-        "latest checkpoint",
+        message=f"{autoscaling.describe(change)}; trainer pods checkpoint the step they are on and restart "
+        "from it with the new world size",
     )
     trainers = {
         str(p["metadata"]["name"]): p["metadata"].get("uid")
@@ -493,7 +495,7 @@ async def _rescale_trainers(
         if p["metadata"].get("labels", {}).get(names.LABEL_ROLE) == names.TRAINER
         and not p["metadata"].get("deletionTimestamp")
     }
-    await _delete_pods(job.metadata.namespace or "default", trainers)
+    await _delete_pods(job.metadata.namespace or "default", trainers, grace_s=None)
 
 
 def _entered(

@@ -216,10 +216,13 @@ class Client:
             if err.status != 409:  # created meanwhile (another replica): keep theirs
                 raise
 
-    def delete_pod(self, namespace: str, name: str, grace_s: int, uid: str | None = None) -> None:
-        """Delete a pod (already gone: nothing to do). With `uid`, only that incarnation: a pod its
-        StatefulSet already recreated under the same name is left alone."""
-        options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": grace_s}
+    def delete_pod(self, namespace: str, name: str, grace_s: int | None, uid: str | None = None) -> None:
+        """Delete a pod (already gone: nothing to do) with `grace_s` to stop (None: its own
+        terminationGracePeriodSeconds). With `uid`, only that incarnation: a pod its StatefulSet
+        already recreated under the same name is left alone."""
+        options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if grace_s is not None:
+            options["gracePeriodSeconds"] = grace_s
         if uid is not None:
             options["preconditions"] = {"uid": uid}
         try:

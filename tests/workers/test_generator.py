@@ -486,10 +486,61 @@ def test_asked_to_stop_while_backpressured_it_stops_without_waiting_for_the_trai
     rig = start(100, max_unacked=2, buffer_groups=2, submit_wait_s=0.05)
     eventually(lambda: rig.stats().refused.get("RESOURCE_EXHAUSTED", 0) >= 2, what="backpressure")
     rig.gen.stop()  # SIGTERM; the trainer is stalled, the coordinator not stopping
-    rig.thread.join(timeout=generator.STOP_DRAIN_S + 10)
+    rig.thread.join(timeout=generator.FINISH_IN_FLIGHT_S + generator.STOP_DRAIN_S + 10)
     assert not rig.thread.is_alive() and not rig.errors
     a = rig.stats().accounting
     assert a.balanced and a.buffered == 2  # the groups it gave up on are still leased: they expire
+
+
+def _stalled_mid_sequence(start: Start) -> tuple[Rig, list[str]]:
+    """A generator with its slots full of sequences one token in (of `LENGTH`), its engine stalled;
+    plenty of prompts left to lease. Returns the rig and the requests in flight."""
+    engine = FakeEngine()
+    engine.allow(1)
+    rig = start(100, engine=engine)
+    full = rig.capacity // G
+    eventually(lambda: engine.steps == 1 and rig.stats().accounting.leased == full, what="full slots")
+    return rig, list(engine.requests)
+
+
+def test_asked_to_stop_it_finishes_the_sequences_in_flight_and_leases_nothing_more(start: Start) -> None:
+    """Leaving a job that goes on (a scale-down): what it was decoding is delivered and trained, not
+    re-queued and decoded again elsewhere."""
+    rig, in_flight = _stalled_mid_sequence(start)
+    rig.gen.stop()  # SIGTERM
+    rig.engine.allow(None)
+    taken = rig.train_until(len(in_flight) // G, what="the groups that were in flight")
+    rig.thread.join(timeout=generator.FINISH_IN_FLIGHT_S + generator.STOP_DRAIN_S + 10)
+    assert not rig.thread.is_alive() and not rig.errors
+    assert {g.lease_id for g in taken} == {r.rpartition("#")[0] for r in in_flight}
+    assert rig.engine.requests == in_flight  # its slots freed up, and it leased nothing more
+    a = rig.stats().accounting
+    assert (a.requeued, a.leased, a.trained) == (0, 0, len(in_flight) // G) and a.balanced, a
+
+
+def test_sequences_that_do_not_finish_within_the_bound_go_back_to_the_queue(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(generator, "FINISH_IN_FLIGHT_S", 0.5)
+    rig, in_flight = _stalled_mid_sequence(start)  # and it stays stalled
+    rig.gen.stop()
+    rig.thread.join(timeout=generator.STOP_DRAIN_S + 10)
+    assert not rig.thread.is_alive() and not rig.errors
+    eventually(lambda: rig.stats().accounting.requeued == len(in_flight) // G, what="the leases re-queued")
+    a = rig.stats().accounting
+    assert (a.leased, a.trained) == (0, 0) and a.balanced, a
+
+
+def test_a_job_that_stops_while_a_generator_finishes_its_sequences_ends_that_at_once(start: Start) -> None:
+    rig, _ = _stalled_mid_sequence(start)
+    rig.gen.stop()
+    time.sleep(0.2)  # finishing what is in flight, on a stalled engine
+    assert rig.thread.is_alive()
+    t0 = time.monotonic()
+    rig.coord.stop("job finished")  # the Stop on the control stream
+    rig.thread.join(timeout=generator.FINISH_IN_FLIGHT_S + generator.STOP_DRAIN_S + 10)
+    assert not rig.thread.is_alive() and not rig.errors
+    assert time.monotonic() - t0 < generator.FINISH_IN_FLIGHT_S
 
 
 def test_a_generator_replaced_under_its_id_stops_and_asks_to_be_restarted(start: Start) -> None:

@@ -454,3 +454,42 @@ def test_an_injected_engine_needs_a_process_group(tmp_path: pathlib.Path, run: R
             )
     finally:
         training.init_distributed(None)
+
+
+def test_asked_to_stop_between_checkpoints_it_saves_the_step_it_reached_and_its_successor_resumes_there(
+    tmp_path: pathlib.Path, run: Run
+) -> None:
+    """As when a resize or a suspend deletes the trainer pods (SIGTERM): nothing trained is redone,
+    and the prompts in flight come back to the successor's queue."""
+    model_dir = tiny.build(tmp_path / "tiny")
+    run_dir = tmp_path / "run"
+    cfg = _config(_job(), model_dir, run_dir)  # a checkpoint every 2 steps
+    ident = identity.Identity(token="tok", bind_host="127.0.0.1")
+    rank0 = trainer.RankInfo(rank=0, world_size=1, local_rank=0)
+    stop = threading.Event()
+    loop = trainer.TrainLoop(cfg, ident, rank0, stop, engine=FakeTrainingEngine(model_dir))
+    try:
+        assert loop.hub is not None
+        coord = loop.hub.coord
+        coord.register(GEN)
+        _submit(coord, coord.lease(GEN, B // G).leases, A)
+        assert loop.train_one() and loop.step == 1
+        assert checkpoint.checkpoints(run_dir / "checkpoints") == []
+        in_flight = sorted(lease.prompt.prompt_id for lease in coord.lease(GEN, B // G).leases)
+        stop.set()
+        assert not loop.train_one()
+    finally:
+        loop.close()
+    (saved,) = checkpoint.checkpoints(run_dir / "checkpoints")
+    assert checkpoint.read_meta(saved).step == 1
+
+    # The successor (another process in a new pod) listens on ports of its own, in the same directories.
+    cfg = _config(_job(), model_dir, run_dir)
+    again = trainer.TrainLoop(cfg, ident, rank0, threading.Event(), engine=FakeTrainingEngine(model_dir))
+    try:
+        assert again.hub is not None and again.step == 1
+        again.hub.coord.register(GEN)
+        requeued = again.hub.coord.lease(GEN, B // G).leases
+        assert sorted(lease.prompt.prompt_id for lease in requeued) == in_flight
+    finally:
+        again.close()

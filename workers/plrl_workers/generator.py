@@ -19,7 +19,8 @@ lease call is UNAVAILABLE, and no Stop came) the generator keeps its process and
 what it was decoding (the restarted coordinator re-queues those prompts from its checkpoint), waits
 for the coordinator to listen again, registers anew (a new incarnation) and loads the weights of the
 version the trainer resumed at, older ones included. A generator exits 0 only when its work is done
-(the coordinator said stop, or no prompt is left to lease) or when it was asked to stop (SIGTERM);
+(the coordinator said stop, or no prompt is left to lease) or when it was asked to stop (SIGTERM: it
+leases nothing more, finishes what it decodes within a bound and delivers it, `FINISH_IN_FLIGHT_S`);
 one the coordinator forgot (declared dead, or displaced by a flood of registrations before it
 started) registers again; one that was replaced (fenced: another process registered under its id)
 exits `names.EXIT_RESTART_ME`, so its controller (the kubelet, `plrl run`) starts it again: an exit 0
@@ -63,6 +64,11 @@ PULL_WAIT_S, PULL_RETRY_S = 120.0, 0.5  # how long a pull waits for weights that
 # still holds. A stalled trainer would keep refusing them (full buffer) for ever; their leases expire
 # and the prompts are leased again, so nothing is lost by giving up.
 STOP_DRAIN_S = 5.0
+# Asked to stop while its coordinator stays (it leaves a job that goes on: a scale-down, a deleted
+# pod), a generator first decodes what it has in flight for up to this long, leasing nothing new:
+# what finishes is delivered and trained, what does not goes back to the queue. With STOP_DRAIN_S
+# below `lifecycle.TERM_GRACE_S`, so a generator never has to be killed to leave.
+FINISH_IN_FLIGHT_S = 10.0
 
 
 class _Gone:
@@ -472,8 +478,32 @@ class Generator:
                     time.sleep(0.01)  # waiting on leases (backpressure or an empty queue)
                     continue
                 self._decode()
+            if self._stop.is_set():
+                self._finish_in_flight()
         finally:
             self.close()
+
+    def _finish_in_flight(self) -> None:
+        """Asked to stop: decode the sequences in flight, for at most `FINISH_IN_FLIGHT_S`, without
+        leasing more. Ends early when the coordinator goes (the job is stopping as a whole: its
+        successor re-queues those prompts) or tells this generator to stop."""
+        deadline = time.monotonic() + FINISH_IN_FLIGHT_S
+        left = self.engine.num_in_flight()
+        if left == 0 or self._gone or self._lost:
+            return
+        log.info(
+            "asked to stop: finishing %d sequence(s) in flight (at most %.0f s)", left, FINISH_IN_FLIGHT_S
+        )
+        while self.engine.num_in_flight() > 0 and time.monotonic() < deadline:
+            if not self._handle_events() or self._gone or self._lost:
+                return
+            self._decode()
+        if self.engine.num_in_flight() > 0:
+            log.info(
+                "%d sequence(s) still in flight after %.0f s: their prompts go back to the queue",
+                self.engine.num_in_flight(),
+                FINISH_IN_FLIGHT_S,
+            )
 
     def generate_round(self, capacity: int) -> None:
         """Conventional mode: decode until no prompt is left to lease and every group is delivered."""

@@ -11,8 +11,9 @@ weight broadcaster, and the run's metrics log. Every optimizer step:
 3. `rl.step.train_step` runs them through the training engine and one optimizer step,
 4. rank 0 tells the coordinator which prompts were trained or dropped, broadcasts the new weights
    to the generators in flight (every `pipeline.weightSyncEverySteps`), writes a metrics line, and
-5. every `training.checkpoint.everySteps` all ranks write a checkpoint that includes the
-   coordinator's prompt accounting, so a restarted job neither loses nor repeats a prompt.
+5. every `training.checkpoint.everySteps`, and when asked to stop (SIGTERM: a resize, a suspend), all
+   ranks write a checkpoint that includes the coordinator's prompt accounting, so a restarted job
+   neither loses nor repeats a prompt, and one stopped on purpose redoes no step.
 
 Neighbours: `coordinator/`, `rpc/server.py`, `weight_sync/sender.py`, `rl/step.py`,
 `engines/training.py`, `checkpoint.py`, `tasks/` (the prompt source), `plrl_api.records` (the
@@ -358,6 +359,7 @@ class TrainLoop:
         self.ckpt_key = checkpoint_manifest.signing_key(ident.checkpoint_key or ident.token)
         meta = checkpoint.resume(self.engine, self.ckpt_root, key=self.ckpt_key)
         self.step = meta.step if meta else 0
+        self.saved_step = self.step  # the step of the latest checkpoint (0: none)
         if meta:
             log.info("resumed from %s: step %d, weight version %d", self.ckpt_root, meta.step, meta.version)
         self.n_groups = spec.training.batch_size // spec.generation.samples_per_prompt
@@ -407,6 +409,10 @@ class TrainLoop:
             self.out_of_prompts = not self.stop.is_set()
             why = "no more prompts" if self.out_of_prompts else "asked to stop"
             log.info("stopping at step %d: %s", self.step, why)
+            # Every rank gets here together (rank 0 sent them all the short batch). Asked to stop, as
+            # for a resize or a suspend, the group saves the step it reached, so its successor redoes
+            # nothing; out of prompts, the last model is kept.
+            self.save_checkpoint()
             return False
         version = engine.version
         prepared = rl_step.prepare(groups, version, self.ranks.world_size, self.rl_cfg)
@@ -432,19 +438,27 @@ class TrainLoop:
             hub.coord.migrate_from_slow(policy.slow_generator_threshold, slow_window_s(self.cfg.spec))
             now = time.perf_counter()
             hub.log_step(self.step, BatchStats.of(groups, version), out, now - t0, now - t_busy)
-        ckpt = self.cfg.spec.training.checkpoint
-        if self.step % ckpt.every_steps == 0 or self.done:
-            extra = {"coordinator": hub.coord.export_state()} if hub else {}
-            checkpoint.save(
-                engine,
-                self.ckpt_root,
-                self.step,
-                key=self.ckpt_key,
-                extra=extra,
-                keep=ckpt.keep,
-                tokenizer_from=self.cfg.paths.model_dir,
-            )
+        if self.step % self.cfg.spec.training.checkpoint.every_steps == 0 or self.done:
+            self.save_checkpoint()
         return True
+
+    def save_checkpoint(self) -> None:
+        """Collective: checkpoint the current step (with rank 0's prompt accounting), unless it is
+        saved already or nothing was trained."""
+        if self.step == self.saved_step:
+            return
+        hub, ckpt = self.hub, self.cfg.spec.training.checkpoint
+        extra = {"coordinator": hub.coord.export_state()} if hub else {}
+        checkpoint.save(
+            self.engine,
+            self.ckpt_root,
+            self.step,
+            key=self.ckpt_key,
+            extra=extra,
+            keep=ckpt.keep,
+            tokenizer_from=self.cfg.paths.model_dir,
+        )
+        self.saved_step = self.step
 
     def publish(self, announce: bool = True) -> None:
         """Rank 0: broadcast the current weights to the generators (collective with them)."""

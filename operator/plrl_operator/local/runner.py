@@ -467,8 +467,9 @@ class Controller:
             self.autoscaler.write(self.launch.run_dir)
 
     def _resize(self, generator_gpus: int, reason: str) -> None:
-        """Change I: generators leave (SIGTERM) or join, and the trainers restart from the latest
-        checkpoint with the new world size; the restored coordinator re-queues every lease the
+        """Change I: generators leave (SIGTERM) or join, and the trainers restart with the new world
+        size from the checkpoint they write when stopped (SIGTERM: the group ends its step and saves
+        it, so no step is trained twice); the restored coordinator re-queues every lease the
         checkpoint holds, so a leaving generator's unfinished prompts are not lost. Generators that
         stay keep running and reconnect to the new trainer rank 0."""
         old = self.launch.pod_plan

@@ -6,7 +6,9 @@ optimum for the measured capacities is I = 2. What a user must see: GEN/TRAIN go
 `kubectl get plrljobs`, the phase passes through Scaling, a Rescaled event gives the change, its
 ratio and its reason, `status.autoscaler` remembers it; the generator that stays keeps its pod
 (same uid, no container restart), the trainer pods are replaced (new world size, resumed from the
-latest checkpoint), nothing is counted as a failure, and every step and prompt is accounted for.
+checkpoint the old group wrote when it was stopped for the change, so no step is trained twice:
+the periodic checkpoints are too far apart to serve), nothing is counted as a failure, and every
+step and prompt is accounted for.
 
 The other way round: I = 2 with the trainer slowed 8x goes 2/1 -> 1/2; the generator pod that goes
 drains, the one that stays keeps its pod, the accounting holds.
@@ -14,6 +16,7 @@ drains, the one that stays keeps its pod, the accounting holds.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 
@@ -27,22 +30,39 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 STEPS = 24
 
 
-def _autoscaled(tiny: Callable[..., e2e.Tiny], generators: int) -> e2e.Tiny:
-    """The tiny job on 3 fake GPUs starting at I = `generators`, autoscaled every 3 steps, once it
-    has trained 2 steps."""
+def _autoscaled(tiny: Callable[..., e2e.Tiny], generators: int, gpus: int = 3) -> e2e.Tiny:
+    """The tiny job on `gpus` fake GPUs starting at I = `generators`, autoscaled every 3 steps, once
+    it has trained 2 steps."""
     job = tiny(
-        resources={"totalGPUs": 3},
+        resources={"totalGPUs": gpus},
         pipeline={
             "generators": generators,
             "maxLag": 8,
             "autoscale": {"enabled": True, "everySteps": 3, "cooldownSteps": 10},
         },
-        training={"totalSteps": STEPS, "checkpoint": {"everySteps": 3}},
+        # Periodic checkpoints at 12 and 24 only: a change (decided from step 5 on) resumes from one
+        # only if the old group checkpointed the step it stopped at.
+        training={"totalSteps": STEPS, "checkpoint": {"everySteps": 12}},
         heartbeat={"intervalSeconds": 1, "timeoutSeconds": 5},
     )
     job.apply()
     job.watch("Succeeded", timeout_s=300, stop_at_step=2)
     return job
+
+
+def _every_step_and_prompt_accounted(job: e2e.Tiny) -> None:
+    records = job.records()
+    assert [r.step for r in records] == list(range(1, STEPS + 1))
+    p = records[-1].prompts
+    assert p.balanced and p.outstanding == 0, p
+
+
+def _resumed_at_the_change(job: e2e.Tiny, change: str) -> None:
+    """The new trainer group resumed from the step the old one reached, at or after the decision."""
+    decided = int(re.match(r"I \d+ -> \d+ at step (\d+)", change).group(1))  # type: ignore[union-attr]
+    resumed = [int(m) for m in re.findall(r"resumed from /checkpoints: step (\d+)", job.log_tails(400))]
+    assert resumed and min(resumed) >= decided, (resumed, change)
+    print(f"decided at step {decided}, resumed at step {min(resumed)}")
 
 
 def _slowed_until(job: e2e.Tiny, namespace: str, pod: str, gen: str) -> list[dict[str, str]]:
@@ -92,12 +112,8 @@ def test_a_job_whose_generator_is_slowed_gets_a_second_generator_and_only_the_tr
     memory = job.status()["autoscaler"]
     assert memory["changes"] >= 1 and memory["lastChange"].startswith("I 1 -> 2 at step "), memory
     print(f"the change cost {memory.get('lastChangeCostSeconds')} s; {change}")
-    assert "resumed from /checkpoints: step" in job.log_tails(400)
-
-    records = job.records()
-    assert [r.step for r in records] == list(range(1, STEPS + 1))
-    p = records[-1].prompts
-    assert p.balanced and p.outstanding == 0, p
+    _resumed_at_the_change(job, change)
+    _every_step_and_prompt_accounted(job)
 
 
 def test_a_job_whose_trainer_is_slowed_gives_up_a_generator_and_the_generator_that_stays_keeps_its_pod(
@@ -108,8 +124,8 @@ def test_a_job_whose_trainer_is_slowed_gives_up_a_generator_and_the_generator_th
     at I = 2 even unslowed, two generators ~4,500 tok/s against one trainer under 2,000; the
     slowdown makes sure of it. What this shows is the way down, not the trigger.) GEN/TRAIN go
     2/1 -> 1/2; the generator that leaves drains (its prompts are leased again, none trained twice),
-    the one that stays keeps its pod, and the trainer restarts with two ranks from its latest
-    checkpoint."""
+    the one that stays keeps its pod, and the trainer restarts with two ranks from the checkpoint
+    it wrote when it was stopped."""
     job = _autoscaled(tiny, generators=2)
     gens_before = job.uids(names.GENERATOR)
     ((trainer, trainer_uid),) = job.uids(names.TRAINER).items()
@@ -134,7 +150,29 @@ def test_a_job_whose_trainer_is_slowed_gives_up_a_generator_and_the_generator_th
     assert change.startswith("I 2 -> 1 at step "), change
     assert "trainers are the bottleneck" in change, change
     print(f"the change cost {job.status()['autoscaler'].get('lastChangeCostSeconds')} s; {change}")
-    records = job.records()
-    assert [r.step for r in records] == list(range(1, STEPS + 1))
-    p = records[-1].prompts
-    assert p.balanced and p.outstanding == 0, p
+    _resumed_at_the_change(job, change)
+    _every_step_and_prompt_accounted(job)
+
+
+def test_a_balanced_job_keeps_its_generators(
+    operator: support.Operator, namespace: str, tiny: Callable[..., e2e.Tiny]
+) -> None:
+    """Four fake GPUs at I = 2: one generator pod decodes about as many tokens per busy second as one
+    trainer rank trains (measured: ~2,200 against ~1,900), so two and two is the planner's optimum
+    as long as that ratio stays between 1/2 and 2 (at I = 1 the generator alone, at I = 3 the trainer
+    alone would be the pipeline's pace). The autoscaler looks every 3 steps and holds: no Rescaled
+    event, GEN/TRAIN 2/2 throughout, no pod replaced."""
+    job = _autoscaled(tiny, generators=2, gpus=4)
+    pods = job.uids(names.GENERATOR) | job.uids(names.TRAINER)
+    assert len(pods) == 4
+    late = job.watch("Succeeded", timeout_s=500, stop_at_step=STEPS - 3)
+    assert job.uids(names.GENERATOR) | job.uids(names.TRAINER) == pods  # the same four pods
+    final = [*late, *job.watch("Succeeded", timeout_s=300)]
+    assert {(s.row["GEN"], s.row["TRAIN"]) for s in final} == {("2", "2")}, [s.row for s in final]
+    assert final[-1].row["STEP"] == str(STEPS) and final[-1].row["RESTARTS"] == "0", final[-1].row
+    assert job.events("Rescaled") == []
+    memory = job.status()["autoscaler"]
+    # It did look (the last look late in the run), and it held.
+    assert memory["changes"] == 0 and memory["state"]["lastEvalStep"] >= STEPS - 6, memory
+    print(f"held at I = 2; the autoscaler's state: {memory['state']}")
+    _every_step_and_prompt_accounted(job)

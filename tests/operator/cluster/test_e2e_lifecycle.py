@@ -1,7 +1,8 @@
 """End to end, around a training job: suspend and resume, an operator restart, input that cannot run.
 
-Cases: `spec.suspend: true` mid-run stops the pods (Suspended), the checkpoints stay, and resuming
-continues from the latest one (the new trainer says so, the step records go on from it) to Succeeded,
+Cases: `spec.suspend: true` mid-run stops the pods (Suspended), the trainer checkpoints the step it
+reached and the checkpoints stay, and resuming continues from that step (the new trainer says so, the
+step records go on from it) to Succeeded,
 every prompt accounted for; restarting the operator while the job trains changes nothing (the same
 pods keep running, with no restart, and the new operator writes nothing but status) and loses nothing
 (Succeeded at totalSteps, accounting intact); a job whose model directory does not exist does not hang:
@@ -43,9 +44,8 @@ def test_suspend_keeps_the_checkpoint_and_resume_continues_from_it(
     saved = sorted(p.name for p in job.checkpoints.glob("step-*"))
     assert saved, "no checkpoint was kept"
     kept = int(saved[-1].removeprefix("step-"))
-    assert 5 <= kept < steps and kept % 5 == 0
-    before = job.records()[-1].step
-    assert before >= kept
+    # Stopped for the suspend, the trainer checkpointed the step it had reached (not only every 5th).
+    assert 8 <= kept < steps and kept == job.records()[-1].step
 
     job.patch({"suspend": False})
     seen = job.watch("Succeeded", timeout_s=240)

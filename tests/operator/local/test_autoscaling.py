@@ -1,11 +1,11 @@
 """`plrl run` with `pipeline.autoscale.enabled`: a job made imbalanced by `--chaos` is rescaled.
 
 Three CPU "accelerators". A generator slowed 8x makes generation the bottleneck, so I goes 1 -> 2
-(the trainers restart from their checkpoint with one rank instead of two); a trainer slowed 8x does
-the opposite, 2 -> 1. What a user must see: the change and its ratio on the terminal and in
-`autoscale.json`, the generator that stays keeps its process (its heartbeat was acquired before the
-resize restarted the trainers), no failover restart, every step trained, and prompt accounting
-intact at the end.
+(the trainers checkpoint the step they reached and restart from it with one rank instead of two); a
+trainer slowed 8x does the opposite, 2 -> 1. What a user must see: the change and its ratio on the
+terminal and in `autoscale.json`, the generator that stays keeps its process (its heartbeat was
+acquired before the resize restarted the trainers), no failover restart, every step trained once,
+and prompt accounting intact at the end.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -33,7 +34,9 @@ def _job(tmp_path: pathlib.Path, generators: int) -> pathlib.Path:
             "generators": generators,
             "autoscale": {"enabled": True, "everySteps": 5, "cooldownSteps": 10},
         },
-        training={"totalSteps": STEPS, "checkpoint": {"everySteps": 5}},
+        # Periodic checkpoints at 20 and 40: a change (from step 5 on) resumes at its own step only
+        # because the stopped trainers checkpointed the step they had reached.
+        training={"totalSteps": STEPS, "checkpoint": {"everySteps": 20}},
         heartbeat={"intervalSeconds": 1, "timeoutSeconds": 4},
     )
 
@@ -79,6 +82,8 @@ def test_an_imbalanced_job_is_rescaled_without_restarting_the_generator_that_sta
     trainers_before, trainers_after = 3 - start, 3 - want
     assert f"{trainers_before} -> {trainers_after} trainer rank(s)" in out
     assert f"autoscaler: {len(changes)} change(s) of I: {start} -> {want} at step {first['step']}" in out
+    resumed = re.findall(r"resumed from \S+: step (\d+)", (run_dir / "logs" / "trainer-0.log").read_text())
+    assert resumed and int(resumed[0]) >= first["step"], (resumed, first)  # no step trained twice
     # generator-0 stays in both directions; the trainers were restarted by the resize.
     assert _acquired(run_dir, "generator-0") < _acquired(run_dir, "trainer-0")
     if want > start:  # the new generator joined and delivered rollouts; training went on and was timed

@@ -19,13 +19,20 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import pathlib
+import time
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import torch
+    from torch._C import _distributed_c10d as c10d
 
     from plrl_api import spec as spec_mod
+
+log = logging.getLogger("plrl.training")
+REJOIN_WAIT_S = 0.5
+_RANK0_UP = "rank0-up"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,12 +112,38 @@ def init_distributed(at: Rendezvous | None = None, timeout_s: float = 600.0) -> 
         return
     if torch.cuda.is_available():
         torch.cuda.set_device(device(at.local_rank))
+    store = _meet_rank0(at, timeout_s)
+    dist.init_process_group(backend, store=store, rank=at.rank, world_size=at.world_size, timeout=timeout)
+
+
+def _meet_rank0(at: Rendezvous, timeout_s: float) -> c10d.PrefixStore:
+    """The store of this group's rank 0, keyed by world size: a rank of a resized group that reaches
+    the store of the old group's rank 0 (still checkpointing its last step, at the same address)
+    waits there for a rank 0 of its own world size, and when that store goes away with its process,
+    connects again, to the new rank 0's. Waited for before joining the process group: a failed
+    `init_process_group` leaves torch's group counter behind, and a second try would never meet."""
+    import torch.distributed as dist
+    from torch._C import _distributed_c10d as c10d
+
     from plrl_workers import stores  # imports torch, as this function does
 
-    store = stores.tcp_store(
-        at.host, at.port, is_master=at.rank == 0, timeout_s=timeout_s, bind_host=at.bind_host
-    )
-    dist.init_process_group(backend, store=store, rank=at.rank, world_size=at.world_size, timeout=timeout)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tcp = stores.tcp_store(
+            at.host, at.port, is_master=at.rank == 0, timeout_s=timeout_s, bind_host=at.bind_host
+        )
+        store = c10d.PrefixStore(f"world-{at.world_size}", tcp)
+        if at.rank == 0:
+            store.set(_RANK0_UP, "1")
+            return store
+        try:
+            store.wait([_RANK0_UP])
+            return store
+        except dist.DistError as err:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("the rendezvous store at %s:%d went away (%s); joining again", at.host, at.port, err)
+            time.sleep(REJOIN_WAIT_S)
 
 
 # What gloo's TCP transport says when a peer's process went away mid-collective (it raises a plain
