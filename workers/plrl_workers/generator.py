@@ -131,6 +131,10 @@ class Generator:
         self._in_weight_group = False
         self.refused = 0
         self.revoked = 0  # leases the coordinator took back while this generator decoded them
+        # Said once each (at INFO) because they mark a joining generator's way in: its first
+        # rollout taken, and the first version it received in flight rather than pulled.
+        self._delivered_one = False
+        self._received_in_flight = False
 
     # -------------------------------------------------------------- control
 
@@ -252,7 +256,11 @@ class Generator:
         if self.metrics is not None:
             self.metrics.weight_version.set(self.engine.weight_version)
             self.metrics.weight_sync_seconds.observe(time.perf_counter() - t0)
-        log.debug("weights v%d applied in flight", self.engine.weight_version)
+        if not self._received_in_flight:
+            self._received_in_flight = True
+            log.info("in the weight-sync group: weights v%d applied in flight", self.engine.weight_version)
+        else:
+            log.debug("weights v%d applied in flight", self.engine.weight_version)
 
     def _pull(self, version: int, exact: bool = False) -> None:
         """Load the full weights of `version` or newer (`exact`: also when older than the engine's)."""
@@ -287,6 +295,9 @@ class Generator:
     def _on_result(self, result: protocol.SubmitResult) -> None:
         with self._unacked_lock:
             self._unacked -= 1
+        if result.ok and not self._delivered_one:
+            self._delivered_one = True
+            log.info("first rollout group taken by the coordinator")
         if not result.ok:
             # The coordinator keeps the prompt (re-queued or already done), so nothing is lost;
             # say so loudly because it means this generator's view of the lease was stale.

@@ -483,12 +483,17 @@ def train(
     loop = TrainLoop(cfg, ident, ranks, stop)
     sync_every = cfg.spec.pipeline.weight_sync_every_steps
     group_broke = False
+    first = True
     try:
         loop.publish()  # no members yet: makes the current weights pullable (e.g. after a resume)
         while not loop.done:
             before = loop.step
             if not loop.train_one():
                 break
+            if first and loop.step != before:
+                # Said once at INFO: after a restart or a resize it marks the group training again.
+                first = False
+                log.info("first step of this process trained: step %d", loop.step)
             if loop.step != before and (loop.step % sync_every == 0 or loop.done) and not stop.is_set():
                 # The last version is only made pullable: generators stop once every prompt is
                 # leased, so announcing it would wait out the join timeout for members already gone.

@@ -10,6 +10,7 @@ Neighbours: `local.runner` (reads the files, applies the decisions), `policy.aut
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import pathlib
 from collections.abc import Sequence
@@ -25,6 +26,9 @@ DECISIONS_FILE = "autoscale.json"
 @dataclasses.dataclass
 class LocalAutoscaler(autoscale_loop.AutoscaleLoop):
     """`AutoscaleLoop` fed from `metrics.jsonl` rows; its clock is seconds since the processes started."""
+
+    made_at_wall: list[str] = dataclasses.field(default_factory=list)
+    """When each change was made, as UTC wall time (ISO 8601): to be set beside the workers' logs."""
 
     @classmethod
     def for_job(cls, job: spec_mod.JobSpec) -> LocalAutoscaler:
@@ -46,10 +50,17 @@ class LocalAutoscaler(autoscale_loop.AutoscaleLoop):
         recent = sorted(r.step_s for r in rows[-10:])
         return self.look(generators, recent[len(recent) // 2] if recent else None)
 
+    def applied(self, when: float, reached: int) -> None:
+        super().applied(when, reached)
+        self.made_at_wall.append(datetime.datetime.now(datetime.UTC).isoformat())
+
     def write(self, run_dir: pathlib.Path) -> None:
-        """`autoscale.json`: each change (with when it was made, seconds since the processes
-        started), what the last one cost, and the latest look, whatever it said."""
-        changes = [d.to_dict() | {"elapsed_s": t} for d, t in zip(self.changes, self.made_at, strict=True)]
+        """`autoscale.json`: each change (with when it was made: seconds since the processes
+        started, and wall time), what the last one cost, and the latest look, whatever it said."""
+        changes = [
+            d.to_dict() | {"elapsed_s": t, "at": wall}
+            for d, t, wall in zip(self.changes, self.made_at, self.made_at_wall, strict=True)
+        ]
         last = self.last.to_dict() if self.last else None
         doc = {"changes": changes, "lastChangeCostSeconds": self.cost_s, "last": last}
         (run_dir / DECISIONS_FILE).write_text(json.dumps(doc, indent=1))
