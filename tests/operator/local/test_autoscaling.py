@@ -90,3 +90,20 @@ def test_an_imbalanced_job_is_rescaled_without_restarting_the_generator_that_sta
         assert "autoscaler: the last change of I cost " in out
         lease = json.loads((run_dir / records.HEARTBEAT_DIR / "generator-1.json").read_text())
         assert float(lease["metadata"]["annotations"]["pipelinerl.io/capacity-tokens-per-second"]) > 0
+        _joined_with_weights_then_in_flight((run_dir / "logs" / "generator-1.log").read_text())
+
+
+def _joined_with_weights_then_in_flight(log: str) -> None:
+    """The joining generator pulled the current weights before any rollout of its was taken, and
+    then received a later version in flight, as a member of the weight-sync group."""
+    lines = log.splitlines()
+    where = {
+        key: next((i for i, line in enumerate(lines) if key in line), None)
+        for key in ("pulled full weights v", "first rollout group taken", "in the weight-sync group")
+    }
+    pulled, delivered, joined = where.values()
+    assert pulled is not None and delivered is not None and joined is not None, (where, log[-3000:])
+    assert pulled < delivered, log[-3000:]
+    v_pulled = int(re.findall(r"pulled full weights v(\d+)", lines[pulled])[0])
+    v_in_flight = int(re.findall(r"weights v(\d+) applied in flight", lines[joined])[0])
+    assert v_in_flight > v_pulled, (lines[pulled], lines[joined])

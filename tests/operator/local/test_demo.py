@@ -1,6 +1,8 @@
 """`make demo`'s job learns: the README's claim, checked on every CI run.
 
-Runs `examples/local-tiny.yaml` exactly as `make demo` does (a few minutes on 2 cores).
+Runs `examples/local-tiny.yaml` exactly as `make demo` does (a few minutes on 2 cores). The same run
+is the suite's check of a whole pipeline run's outputs (checkpoints, report, accounting, every
+worker stopped): one run of a few minutes serves both.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import pathlib
 import pytest
 
 from plrl_operator.local import report
+from plrl_workers import checkpoint
 from tests.operator.local.conftest import plrl
 
 pytestmark = pytest.mark.slow
@@ -28,3 +31,11 @@ def test_the_demo_job_learns_with_weights_updated_in_flight(run_dir: pathlib.Pat
     assert summary["lag_mean"] > 0 and summary["mixed_version_samples"] > 0
     prompts = summary["prompts"]
     assert prompts["issued"] == prompts["trained"] + prompts["dropped_by_lag"]
+    assert (run_dir / report.REPORT_FILE).stat().st_size > 0
+    # checkpoint.everySteps 50, keep 2, 400 steps: the last two.
+    kept = [p.name for p in checkpoint.checkpoints(run_dir / "checkpoints")]
+    assert kept == ["step-00000350", "step-00000400"], kept
+    # Every broadcast reached the generator: none waited out the join timeout for one that had
+    # already stopped (it stops once every prompt is leased, before the last step is trained).
+    assert "missing from epoch" not in (run_dir / "logs" / "trainer-0.log").read_text()
+    assert r.leftover == []  # every worker stopped before `plrl run` exited

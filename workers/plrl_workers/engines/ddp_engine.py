@@ -5,9 +5,10 @@ accumulated locally (`DDP.no_sync`); the last backward all-reduces them (DDP ave
 Clipping uses `torch.nn.utils.clip_grad_norm_` on the reduced gradients (identical on every rank).
 On CUDA with dtype bfloat16/float16 the forward runs under autocast; weights stay fp32.
 
-Checkpoint layout inside the directory `checkpoint.py` gives it: `model/` (HF `save_pretrained`,
-rank 0), `optimizer.pt` (rank 0: the optimizer state is replicated, so it holds all of it and loads
-at any world size: an elastic restart), `engine.json` (version, world size).
+Checkpoint layout inside the directory `checkpoint.py` gives it: `model/` (what HF
+`save_pretrained` writes, by `training.save_hf_model`, rank 0), `optimizer.pt` (rank 0: the
+optimizer state is replicated, so it holds all of it and loads at any world size: an elastic
+restart), `engine.json` (version, world size).
 
 Neighbours: `engines/base.py`, `engines/training.py`, `engines/deepspeed_engine.py`.
 """
@@ -105,7 +106,7 @@ class DDPEngine:
 
     def save_checkpoint(self, directory: pathlib.Path) -> None:
         if self._rank == 0:
-            self._model.save_pretrained(str(directory / "model"), safe_serialization=True)  # type: ignore[operator]
+            training.save_hf_model(self._model, directory / "model")
             torch.save(self._opt.state_dict(), directory / "optimizer.pt")
             (directory / "engine.json").write_text(
                 json.dumps({"backend": "torch", "version": self._version, "world_size": self._world})

@@ -186,6 +186,36 @@ def load_model(cfg: TrainEngineConfig, dev: torch.device) -> torch.nn.Module:
     return module
 
 
+def save_hf_model(model: torch.nn.Module, out_dir: pathlib.Path) -> None:
+    """Write what `save_pretrained` writes for a model that is not wrapped: `config.json`,
+    `generation_config.json` (if it has one) and `model.safetensors`, a tensor shared with an
+    earlier one (a tied lm_head) stored once, as `save_pretrained` stores it.
+
+    Why not `save_pretrained`: it first unwraps the model through accelerate, which imports
+    DeepSpeed whenever it is installed, seconds of CPU on the first checkpoint of a run, and of every
+    stop (a trainer told to stop checkpoints before it exits), that the torch backend never needs.
+    """
+    import safetensors.torch
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = getattr(model, "config", None)
+    if config is not None:
+        config.architectures = [type(model).__name__]
+        config.save_pretrained(str(out_dir))
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(str(out_dir))
+    state: dict[str, torch.Tensor] = {}
+    stored: set[tuple[int, int, tuple[int, ...]]] = set()
+    for name, tensor in model.state_dict().items():
+        where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if where in stored:
+            continue
+        stored.add(where)
+        state[name] = tensor.detach().to("cpu").contiguous()
+    safetensors.torch.save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
 def load_hf_weights(model: torch.nn.Module, model_dir: pathlib.Path) -> None:
     """Load every `*.safetensors` shard of a `save_pretrained` directory into `model`, strictly.
 

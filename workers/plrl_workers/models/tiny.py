@@ -16,6 +16,8 @@ import json
 import pathlib
 import string
 
+from plrl_workers.engines import training
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # Every character a built-in task may use. Order is part of the model: changing it changes ids.
@@ -117,7 +119,7 @@ def build(out_dir: str | pathlib.Path, cfg: TinyModelConfig | None = None, seed:
     )
     torch.manual_seed(seed)
     model = transformers.Qwen2ForCausalLM(mcfg)
-    model.save_pretrained(str(out), safe_serialization=True)
+    training.save_hf_model(model, out)  # not save_pretrained: it imports DeepSpeed (seconds)
     save_tokenizer(out)
     stamp.write_text(json.dumps({"fingerprint": fp, "config": dataclasses.asdict(cfg), "seed": seed}))
     return out

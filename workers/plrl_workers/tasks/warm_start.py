@@ -22,6 +22,7 @@ import shutil
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from plrl_workers.engines import training
 from plrl_workers.tasks import base
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ def run(
     # Write beside the target and rename, so a crash never leaves a half-written model behind.
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), safe_serialization=True)
+    training.save_hf_model(model, tmp)  # not save_pretrained: it imports DeepSpeed (seconds)
     tokenizer.save_pretrained(str(tmp))
     for extra in src.glob("plrl-*.json"):
         shutil.copy(extra, tmp / extra.name)
