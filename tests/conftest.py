@@ -6,6 +6,9 @@
 - `kubectl`, `helm`: run the tool against that cluster; return the CompletedProcess (text).
 - `core_api`: a kubernetes.client.ApiClient for it (admin). `namespace`: a fresh namespace per test.
 - `gpu_nodes`: makes a pool of fake GPU nodes (tests/infra/nodes.py), deleted after the test.
+- `prepared_model_cache` (session, automatic): the runs of one test session share a cache of prepared
+  built-in models of their own (PLRL_CACHE_DIR), so the first run builds and the rest reuse, and
+  nothing is read from or left in the user's ~/.cache.
 
 The binaries are built (cold: many minutes) after collection, before the first test, so the build
 never counts against a test's timeout.
@@ -55,6 +58,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if CLUSTER_FIXTURE in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prepared_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pathlib.Path]:
+    cache = tmp_path_factory.mktemp("plrl-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PLRL_CACHE_DIR", str(cache))
+        yield cache
 
 
 @pytest.fixture(scope="session")

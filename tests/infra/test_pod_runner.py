@@ -430,6 +430,7 @@ def test_deletion_stops_the_whole_process_tree_within_the_grace_period(
     assert not _marked(marker), "every process of the container dies with it"
 
 
+@pytest.mark.cluster  # its own control plane: it needs the built binary like the fixture's users
 def test_killing_the_node_agent_leaves_nothing_running(tmp_path: pathlib.Path) -> None:
     """A private control plane (this test kills its node agent)."""
     from kubernetes import client

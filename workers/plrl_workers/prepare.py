@@ -13,11 +13,15 @@ Neighbours: `models/tiny.py`, `tasks/warm_start.py`, `tasks/registry.py`, `tasks
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import itertools
+import json
 import pathlib
 import sys
 
 from plrl_api import worker_config
-from plrl_workers.tasks import base, registry, rewards
+from plrl_workers.tasks import base, registry, rewards, warm_start
 
 BUILTIN_MODELS = ("builtin:tiny",)
 EXIT_BAD_SPEC = 2
@@ -30,18 +34,44 @@ def check_task(cfg: worker_config.WorkerConfig) -> base.Task:
     return task
 
 
+def _warm_start_data_digest(task: base.Task, warm: warm_start.WarmStartConfig) -> str:
+    """A digest of exactly the items the warm start trains on, so an edited dataset file (same
+    path, new content) is never served a model trained on the old one."""
+    h = hashlib.sha256()
+    for it in itertools.islice(base.stream(task, warm.seed, "train"), warm.steps * warm.batch_size):
+        h.update(json.dumps([it.text, it.answer]).encode())
+    return h.hexdigest()
+
+
 def build_builtin_model(cfg: worker_config.WorkerConfig, task: base.Task) -> pathlib.Path:
-    """The built-in tiny model, warm-started on `task`, at `paths.modelDir` (base weights beside it)."""
-    from plrl_workers.models import tiny
-    from plrl_workers.tasks import warm_start
+    """The built-in tiny model, warm-started on `task`, at `paths.modelDir` (base weights beside it);
+    copied from the machine's cache of prepared models when it holds one for the same inputs."""
+    from plrl_workers.engines import training
+    from plrl_workers.models import prepared_cache, tiny
 
     m = cfg.spec.model
     out = pathlib.Path(cfg.paths.model_dir)
+    warm = warm_start.WarmStartConfig(steps=m.warm_start_steps, seed=m.seed)
+    k = prepared_cache.key(
+        {
+            "model": m.name,
+            "seed": m.seed,
+            "task": task.name,
+            "warm_start": dataclasses.asdict(warm),
+            "data": _warm_start_data_digest(task, warm),
+        },
+        [tiny, warm_start, training, base],
+    )
+    entry = prepared_cache.fetch(k, out)
+    if entry is not None:
+        print(f"reusing the prepared model {entry}", flush=True)
+        return out
     base_dir = tiny.build(out.parent / "base", seed=m.seed)
     print(f"building the tiny model and warm-starting it for {m.warm_start_steps} steps", flush=True)
-    return warm_start.run(
-        base_dir, out, task, warm_start.WarmStartConfig(steps=m.warm_start_steps, seed=m.seed)
-    )
+    warm_start.run(base_dir, out, task, warm)
+    entry = prepared_cache.store(k, out)
+    print(f"kept it in the cache as {entry}" if entry else "could not write the cache", flush=True)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

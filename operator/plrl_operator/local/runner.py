@@ -213,7 +213,7 @@ def prepare(job: spec_mod.PipelineRLJob, trainer_config: pathlib.Path, run_dir: 
     if m.name.startswith("builtin:"):
         print(
             f"preparing the built-in model ({m.warm_start_steps} warm-start steps; reused when the "
-            "run directory already has it)...",
+            "run directory or the machine's cache of prepared models has it)...",
             flush=True,
         )
     log_path = run_dir / "logs" / "prepare.log"
