@@ -196,6 +196,7 @@ def _uv() -> str:
     found = shutil.which("uv")
     if found:
         return found
+    # machine_cache.home(), spelled out: this script also runs under pythons lacking plrl_workers
     cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "plrl"
     for uv in sorted(cache.glob("uv-*/bin/uv")):
         return str(uv)

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 
+from plrl_workers import machine_cache
 from tests.infra import binaries, controlplane, demo, kube, nodes, procs, tokens, tools
 
 CHART = binaries.REPO / "helm" / "pipelinerl-operator"
@@ -32,9 +33,7 @@ RELEASE, RELEASE_NS = "plrl", "plrl-system"
 SA_NAME = "plrl-pipelinerl-operator"  # the chart's fullname for release "plrl"
 PEERING = "pipelinerl-operator"
 NODES = ("gpu-dev-0", "gpu-dev-1")
-DEMO_MODELS = (
-    pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "plrl" / "demo-models"
-)
+DEMO_MODELS = machine_cache.home() / "demo-models"
 TOKEN_SECONDS = 7 * 24 * 3600
 
 

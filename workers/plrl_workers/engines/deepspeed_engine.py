@@ -15,7 +15,7 @@ Choices, each because the default would be wrong for us:
   inference all-reduce when `LOCAL_SIZE` is set, which training never uses, so it is marked
   incompatible through `deepspeed.ops.__compatible_ops__` (a dict DeepSpeed documents as
   editable) and not built. Any op that is still built lands in `TORCH_EXTENSIONS_DIR`, which
-  defaults to `~/.cache/plrl/torch_extensions` so it is built once per machine.
+  defaults to `~/.cache/plrl/torch_extensions` (`machine_cache`) so it is built once per machine.
 
 Checkpoints: `model/` (HF `save_pretrained`, rank 0, for generators), `deepspeed/` (DeepSpeed's own
 checkpoint: per-rank ZeRO optimizer partitions), `engine.json` (version, world size, ZeRO stage,
@@ -39,15 +39,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from plrl_workers import machine_cache
 from plrl_workers.engines import training, zero_reshard
 
 _TAG = "state"
 
 
 def _prepare_deepspeed_import() -> Any:
-    os.environ.setdefault(
-        "TORCH_EXTENSIONS_DIR", str(pathlib.Path.home() / ".cache" / "plrl" / "torch_extensions")
-    )
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(machine_cache.home() / "torch_extensions"))
     import deepspeed
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator

@@ -24,6 +24,8 @@ import types
 import uuid
 from collections.abc import Iterable
 
+from plrl_workers import machine_cache
+
 CACHE_ENV = "PLRL_CACHE_DIR"
 KEY_FILE = "plrl-prepared-key.json"
 # Distributions whose numerics decide the weights: a new version may give different ones.
@@ -33,11 +35,7 @@ VERSIONED = ("torch", "transformers", "tokenizers", "safetensors")
 def root() -> pathlib.Path:
     """Where prepared models are kept: `$PLRL_CACHE_DIR/models`, by default under ~/.cache/plrl."""
     explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        return pathlib.Path(explicit) / "models"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache"
-    return base / "plrl" / "models"
+    return (pathlib.Path(explicit) if explicit else machine_cache.home()) / "models"
 
 
 def _version(dist: str) -> str:
@@ -68,11 +66,13 @@ def _holds(directory: pathlib.Path, k: str) -> bool:
 def _copy_atomically(src: pathlib.Path, dst: pathlib.Path, k: str) -> None:
     """Copy `src` to `dst` through a sibling temporary directory, stamped with `k`: a crash or a
     concurrent run never leaves a half-written `dst`, and an existing complete one is kept."""
+    if _holds(dst, k):
+        return
     tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.tmp")
     shutil.copytree(src, tmp)
     (tmp / KEY_FILE).write_text(json.dumps({"key": k}))
     if dst.exists():
-        if _holds(dst, k):
+        if _holds(dst, k):  # a concurrent run finished first
             shutil.rmtree(tmp)
             return
         shutil.rmtree(dst)
