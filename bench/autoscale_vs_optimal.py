@@ -14,8 +14,12 @@ do not depend on the machine.
 from __future__ import annotations
 
 import argparse
-import statistics
+import pathlib
+import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench import stats
 from plrl_api import utilisation
 from plrl_operator.policy import autoscaler, planner, simulator
 
@@ -53,9 +57,10 @@ def main() -> None:
                 f"autoscaled I={n // 3} -> {moves or 'no change'} {auto.throughput:8.3f} tok/flash "
                 f"| ratio {ratio:.3f}"
             )
+        med, lo, hi = stats.median_spread(ratios)
         print(
-            f"N={n:5}: autoscaled / best fixed = {statistics.median(ratios):.3f} "
-            f"(min {min(ratios):.3f}, max {max(ratios):.3f}, {len(ratios)} seeds; goal >= 0.95)"
+            f"N={n:5}: autoscaled / best fixed = {med:.3f} "
+            f"(min {lo:.3f}, max {hi:.3f}, {len(ratios)} seeds; goal >= 0.95)"
         )
 
 

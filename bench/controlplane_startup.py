@@ -25,6 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from kubernetes import client
 
+from bench import stats
 from tests.infra import binaries, controlplane, kube, nodes
 
 
@@ -96,7 +97,8 @@ def main() -> None:
 
     print(f"{'step':34} {'median s':>9} {'min s':>7} {'max s':>7}  runs")
     for name, xs in rows:
-        print(f"{name:34} {statistics.median(xs):9.2f} {min(xs):7.2f} {max(xs):7.2f}  {len(xs)}")
+        med, lo, hi = stats.median_spread(xs)
+        print(f"{name:34} {med:9.2f} {lo:7.2f} {hi:7.2f}  {len(xs)}")
     print("start-up phases (median s since start):")
     for phase in phases[0]:
         print(f"  {phase:32} {statistics.median(p[phase] for p in phases if phase in p):9.2f}")

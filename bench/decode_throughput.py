@@ -25,7 +25,7 @@ import functools
 import json
 import pathlib
 import random
-import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,6 +33,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench import stats
 from plrl_workers.engines import base, factory
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -56,8 +59,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def spread(samples: list[float]) -> dict[str, float]:
-    """Median and range of repeated measurements."""
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
+    """Median and range of repeated measurements (the keys `scripts/gpu-check.sh` reads)."""
+    med, lo, hi = stats.median_spread(samples)
+    return {"median": med, "min": lo, "max": hi}
 
 
 def build_model(preset: str, dtype: torch.dtype, device: torch.device, out: pathlib.Path) -> Any:

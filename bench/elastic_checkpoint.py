@@ -9,7 +9,7 @@ Two launches, one process per rank: 2 ranks train one step (so Adam's state exis
 ~2 s); then 1 rank trains a step, saves its own, and loads alternately its own (same size) and the
 2-rank one (cross size), `--repeats` times each, into the same engine. Times are
 `checkpoint.save` / `checkpoint.load` wall time on rank 0 (collective, so the slowest rank's),
-reported as median [min-max]. Engine start-up is not timed. Noisy on a shared 2-core machine.
+reported as median (min-max). Engine start-up is not timed. Noisy on a shared 2-core machine.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import argparse
 import functools
 import json
 import pathlib
-import statistics
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from typing import Literal
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bench import stats
 from tests.infra import procs
 
 RUNS: dict[str, tuple[Literal["torch", "deepspeed"], int]] = {
@@ -98,7 +98,8 @@ def launch(args: argparse.Namespace, ranks: int, load_from: int) -> dict[str, di
 
 
 def _stat(xs: list[float]) -> str:
-    return f"{statistics.median(xs) * 1e3:7.0f} [{min(xs) * 1e3:.0f}-{max(xs) * 1e3:.0f}]"
+    """Seconds as milliseconds, median (min-max)."""
+    return stats.fmt_spread(xs, ".0f", scale=1e3)
 
 
 def main() -> None:
@@ -120,7 +121,7 @@ def main() -> None:
         args.work = work
         saved = launch(args, 2, 0)
         loaded = launch(args, 1, 2)
-    print(f"tiny model, {args.repeats} repeats, ms as median [min-max], loads alternated same/cross size")
+    print(f"tiny model, {args.repeats} repeats, ms as median (min-max), loads alternated same/cross size")
     print(f"{'backend':8s} {'save W=2':>16s} {'save W=1':>16s} {'load 1->1':>16s} {'load 2->1':>16s}")
     for run in args.runs.split(","):
         s, w1 = saved[run], loaded[run]

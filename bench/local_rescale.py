@@ -21,13 +21,15 @@ import datetime
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import stats  # noqa: E402
+
 JOB = ROOT / "bench" / "jobs" / "autoscale.yaml"
 CASES = {
     "scale-up": ["--set", "spec.pipeline.generators=1", "--chaos", "slow:generator-0@step=3:8x"],
@@ -82,11 +84,6 @@ def one(case: str, steps: int) -> dict[str, float] | None:
     return got
 
 
-def spread(xs: Sequence[float], fmt: str = ".1f") -> str:
-    """Median (min-max)."""
-    return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--repeats", type=int, default=3)
@@ -109,13 +106,12 @@ def main() -> None:
     for case, rs in got.items():
         if not rs:
             continue
-        print(
-            f"{case:10}: cost {spread([r['cost'] for r in rs])} s, lost "
-            f"{spread([r['cost'] / r['period'] for r in rs], '.2f')} of a decision period, {len(rs)} runs"
-        )
+        cost = stats.fmt_spread([r["cost"] for r in rs], ".1f")
+        lost = stats.fmt_spread([r["cost"] / r["period"] for r in rs], ".2f")
+        print(f"{case:10}: cost {cost} s, lost {lost} of a decision period, {len(rs)} runs")
         for mark in MARKS:
             if ts := [r[mark] for r in rs if mark in r]:
-                print(f"{'':10}  decision -> {mark}: {spread(ts)} s ({len(ts)} runs)")
+                print(f"{'':10}  decision -> {mark}: {stats.fmt_spread(ts, '.1f')} s ({len(ts)} runs)")
 
 
 if __name__ == "__main__":

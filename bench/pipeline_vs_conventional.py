@@ -6,8 +6,11 @@ average first reaches a target both runs reach (default: 80% of the way from the
 the lower of the two final rewards).
 Times start when each run's first batch is in (process start-up excluded, see trainer.py).
 
-    .venv/bin/python bench/pipeline_vs_conventional.py examples/local-tiny.yaml
-    .venv/bin/python bench/pipeline_vs_conventional.py examples/local-tiny.yaml --steps 60 --repeats 2
+Each repeat runs both modes, the first mode alternating between repeats (machine load drifts); each
+ratio is taken within a repeat and printed as the median (min-max) over the repeats.
+
+    .venv/bin/python bench/pipeline_vs_conventional.py examples/local-tiny.yaml   # 3 repeats
+    .venv/bin/python bench/pipeline_vs_conventional.py examples/local-tiny.yaml --steps 60 --repeats 1
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import math
 import os
 import pathlib
+import shlex
 import statistics
 import subprocess
 import sys
@@ -29,6 +33,7 @@ from plrl_operator.local import report
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bench import stats
 from tests.infra import procs
 
 
@@ -70,15 +75,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("job", type=pathlib.Path)
     ap.add_argument("--steps", type=int, help="override training.totalSteps")
-    ap.add_argument("--repeats", type=int, default=1, help="alternate the modes this many times")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each mode, alternated")
     ap.add_argument("--target", type=float, help="reward target (default: see the module docstring)")
     ap.add_argument("--window", type=int, default=5, help="moving-average window for the reward, in steps")
     args = ap.parse_args()
+    print("command:", shlex.join([sys.executable, *sys.argv]), flush=True)
     job_doc = yaml.safe_load(args.job.read_text())
     results: dict[str, list[list[records.StepRecord]]] = {"pipeline": [], "conventional": []}
     with tempfile.TemporaryDirectory(prefix="plrl-bench-") as tmp:
         for rep in range(args.repeats):
-            for mode in ("pipeline", "conventional"):
+            order = ("pipeline", "conventional") if rep % 2 == 0 else ("conventional", "pipeline")
+            for mode in order:
                 wd = pathlib.Path(tmp) / f"{rep}"
                 wd.mkdir(exist_ok=True)
                 results[mode].append(run_mode(job_doc, mode, args.steps, wd))
@@ -116,12 +123,19 @@ def main() -> int:
             f"{statistics.median(generated):>11.0f}{finals[mode]:>14.3f}{summary[mode]['reach']:>22.1f}"
             f"{statistics.fmean(lag):>10.2f}"
         )
-    p, c = summary["pipeline"], summary["conventional"]
+    pipe, conv = results["pipeline"], results["conventional"]
+    tok = [p[-1].trained_tokens_per_s / c[-1].trained_tokens_per_s for p, c in zip(pipe, conv, strict=True)]
+    wall = [c[-1].elapsed_s / p[-1].elapsed_s for p, c in zip(pipe, conv, strict=True)]
+    reach = [
+        time_to(smoothed(c, args.window), target) / time_to(smoothed(p, args.window), target)
+        for p, c in zip(pipe, conv, strict=True)
+    ]
     print(
-        f"\npipeline / conventional: trained tokens/s x{p['trained'] / c['trained']:.2f}, "
-        f"wall time for the same steps x{c['wall'] / p['wall']:.2f} faster, "
-        f"time to reward {target:.3f}: x{c['reach'] / p['reach']:.2f} faster"
-        f" (paper's model: 1.57x)"
+        f"\npipeline / conventional, median (min-max) of {args.repeats} repeat(s): "
+        f"trained tokens/s {stats.fmt_spread(tok, '.2f', 'x')}, "
+        f"wall time for the same steps {stats.fmt_spread(wall, '.2f', 'x')} faster, "
+        f"time to reward {target:.3f} {stats.fmt_spread(reach, '.2f', 'x')} faster"
+        " (paper's model: 1.57x)"
     )
     return 0
 

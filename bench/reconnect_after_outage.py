@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from plrl_operator.local.chaos_report import span
+from bench import stats
 from plrl_workers import protocol
 from plrl_workers.coordinator import core as coordinator
 from plrl_workers.rpc import client, limits, server
@@ -87,7 +87,7 @@ def main() -> int:
             print(f"round {r + 1}: {name}: {delays[name][-1]:.2f} s", flush=True)
     print(f"registration delay after a {args.outage_s:g} s outage, median (min-max) of {args.repeats}:")
     for name, xs in delays.items():
-        print(f"  {name:18s} {span(xs, '.2f')} s")
+        print(f"  {name:18s} {stats.fmt_spread(xs, '.2f')} s")
     fast = statistics.median(delays["CoordinatorClient"])
     print(f"  ratio default/ours {statistics.median(delays['gRPC default']) / max(fast, 1e-3):.1f}x")
     return 0

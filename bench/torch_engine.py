@@ -4,16 +4,26 @@ Every request has its own output budget (uniform in [min_new, max_new]) and may 
 `generate` decodes each batch of B requests until its longest member is done (it cannot stop one
 row early for its own budget, so short rows ride along); the engine keeps B slots busy and refills
 a slot in the step its sequence ends. Both sample at temperature 1 from the same weights and
-count only useful tokens (each sequence up to its budget or first EOS). One run prints both,
-side by side, and the ratio.
+count only useful tokens (each sequence up to its budget or first EOS).
 
-    .venv/bin/python bench/torch_engine.py [--requests 64 --batch 16 --hidden 256 --layers 4 ...]
+After one untimed warm-up batch of each, every repeat times both on all `--requests` requests, one
+after the other (generate first in even repeats, the engine first in odd ones), so drift in machine
+load hits both alike. It prints the command line, one line per timed run, then for each method
+useful tokens, seconds and tokens/s as median (min-max) over the repeats, and the headline ratio
+engine / generate tokens/s as the median (min-max) of the per-repeat ratios.
+
+    .venv/bin/python bench/torch_engine.py --repeats 3   # full size: 64 requests, hidden 256 x 4 layers
+    .venv/bin/python bench/torch_engine.py --repeats 2 --requests 8 --batch 4 --max-new 16 \
+        --hidden 64 --layers 1   # smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
 import random
+import shlex
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,11 +31,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench import stats
 from plrl_workers.engines import base, factory
 from plrl_workers.models import tiny
 
 if TYPE_CHECKING:
     import transformers
+
+
+GENERATE, ENGINE = "transformers generate", "torch engine (continuous)"
 
 
 def useful(tokens: list[int], budget: int, eos: int) -> int:
@@ -79,6 +95,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of each method, alternated")
     ap.add_argument(
         "--threads",
         type=int,
@@ -86,6 +103,9 @@ def main() -> None:
         help="torch threads (on a contended CPU more threads spin and slow down)",
     )
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    print("command:", shlex.join([sys.executable, *sys.argv]), flush=True)
     torch.set_num_threads(args.threads)
 
     import transformers
@@ -121,26 +141,40 @@ def main() -> None:
         with torch.inference_mode():
             run_generate(model, warm, args.batch, eos)
             run_engine(engine, warm, eos)
-            rows = []
-            runs: tuple[tuple[str, Callable[[], int]], ...] = (
-                ("transformers generate", lambda: run_generate(model, reqs, args.batch, eos)),
-                ("torch engine (continuous)", lambda: run_engine(engine, reqs, eos)),
-            )
-            for name, fn in runs:
-                t0 = time.perf_counter()
-                tokens = fn()
-                rows.append((name, tokens, time.perf_counter() - t0))
+            runs: dict[str, Callable[[], int]] = {
+                GENERATE: lambda: run_generate(model, reqs, args.batch, eos),
+                ENGINE: lambda: run_engine(engine, reqs, eos),
+            }
+            tokens: dict[str, list[float]] = {name: [] for name in runs}
+            secs: dict[str, list[float]] = {name: [] for name in runs}
+            for r in range(args.repeats):
+                order = [GENERATE, ENGINE] if r % 2 == 0 else [ENGINE, GENERATE]  # alternated
+                for name in order:
+                    t0 = time.perf_counter()
+                    n = runs[name]()
+                    secs[name].append(time.perf_counter() - t0)
+                    tokens[name].append(n)
+                    print(
+                        f"repeat {r + 1} {name}: {n} tokens {secs[name][-1]:.2f} s "
+                        f"{n / secs[name][-1]:.1f} tok/s",
+                        flush=True,
+                    )
         engine.close()
 
+    tok_s = {name: stats.ratios(tokens[name], secs[name]) for name in runs}
     print(
         f"{args.requests} requests, batch/slots {args.batch}, budgets {args.min_new}-{args.max_new} tokens, "
         f"model hidden {args.hidden} x {args.layers} layers, {args.device}, "
-        f"torch threads {torch.get_num_threads()}"
+        f"torch threads {torch.get_num_threads()}; median (min-max) of {args.repeats} repeats"
     )
-    for name, tokens, secs in rows:
-        print(f"  {name:28s} {tokens:7d} tokens {secs:8.2f} s {tokens / secs:9.1f} tok/s")
-    (_, t_gen, s_gen), (_, t_eng, s_eng) = rows
-    print(f"  ratio engine / generate: {(t_eng / s_eng) / (t_gen / s_gen):.2f}x tokens/s")
+    print(f"  {'':28s} {'useful tokens':>22s} {'seconds':>22s} {'tokens/s':>22s}")
+    for name in runs:
+        print(
+            f"  {name:28s} {stats.fmt_spread(tokens[name], '.0f'):>22s} "
+            f"{stats.fmt_spread(secs[name], '.2f'):>22s} {stats.fmt_spread(tok_s[name], '.1f'):>22s}"
+        )
+    ratio = stats.ratios(tok_s[ENGINE], tok_s[GENERATE])
+    print(f"  ratio engine / generate tokens/s (per repeat): {stats.fmt_spread(ratio, '.2f', 'x')}")
 
 
 if __name__ == "__main__":

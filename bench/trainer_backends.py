@@ -1,12 +1,19 @@
 """Trained tokens/s of the training backends on the tiny model: torch DDP vs DeepSpeed ZeRO-1/2,
 1 rank vs 2 ranks (CPU, gloo on loopback), side by side.
 
-    .venv/bin/python bench/trainer_backends.py [--steps 5] [--groups 8] [--g 8] [--max-new 64]
+    .venv/bin/python bench/trainer_backends.py --repeats 3   # full size: all six, 5 steps each
+    .venv/bin/python bench/trainer_backends.py --repeats 2 --only ddp:1,zero1:1 --steps 1 \
+        --groups 2 --g 2 --max-new 16   # smoke run
 
 Each configuration starts its ranks as separate processes, trains one warm-up step, then times
 `--steps` optimizer steps of synthetic rollouts (the same for every configuration). Tokens counted
 are all tokens fed to the model (prompt + completion), over all ranks. Engine start-up is reported
-separately. Numbers on a shared 2-core machine are noisy: compare the ratios, not absolutes.
+separately. Every repeat launches each configuration once, in turn (the order rotates by one each
+repeat), so drift in machine load hits them alike. Printed: the command line, one line per launch,
+then per configuration tokens/s, step seconds and start-up seconds as median (min-max) over the
+repeats, and the ratio to the first configuration (ddp x1 unless `--only` leaves it out) as the
+median (min-max) of the per-repeat ratios. Numbers on a shared 2-core machine are noisy: compare
+the ratios, not absolutes.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import argparse
 import json
 import pathlib
 import random
+import shlex
 import sys
 import tempfile
 import time
@@ -24,6 +32,7 @@ from plrl_workers.engines import factory
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bench import stats
 from tests.infra import procs
 
 CONFIGS = [
@@ -117,25 +126,47 @@ def main() -> None:
     ap.add_argument("--tokens-per-micro-batch", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
     ap.add_argument("--only", default="", help="comma-separated subset, e.g. ddp:2,zero2:1")
+    ap.add_argument("--repeats", type=int, default=3, help="launches of each configuration, alternated")
     args = ap.parse_args()
     if args.rank_worker:
         rank_main(args)
         return
-    rows = []
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    configs = []
     for backend, stage, ranks in CONFIGS:
         name = "ddp" if backend == "torch" else f"zero{stage}"
-        if args.only and f"{name}:{ranks}" not in args.only.split(","):
-            continue
-        r = launch(args, backend, stage, ranks)
-        rows.append((name, ranks, r))
-        tps, step_s, init_s = r["tokens_per_s"], r["step_s"], r["init_s"]
-        print(f"{name:6s} x{ranks}: {tps:8.0f} tok/s  step {step_s:.2f}s  init {init_s:.0f}s", flush=True)
-    base = rows[0][2]["tokens_per_s"]
+        if not args.only or f"{name}:{ranks}" in args.only.split(","):
+            configs.append((name, backend, stage, ranks))
+    if not configs:
+        ap.error(f"--only {args.only!r} matches none of the configurations")
+    print("command:", shlex.join([sys.executable, *sys.argv]), flush=True)
+    results: dict[tuple[str, int], list[dict[str, float]]] = {(c[0], c[3]): [] for c in configs}
+    for rep in range(args.repeats):
+        k = rep % len(configs)
+        for name, backend, stage, ranks in configs[k:] + configs[:k]:  # rotated: alternated fairly
+            r = launch(args, backend, stage, ranks)
+            results[name, ranks].append(r)
+            tps, step_s, init_s = r["tokens_per_s"], r["step_s"], r["init_s"]
+            print(
+                f"repeat {rep + 1} {name:6s} x{ranks}: {tps:8.0f} tok/s  step {step_s:.2f}s  "
+                f"init {init_s:.0f}s",
+                flush=True,
+            )
+    base_key = (configs[0][0], configs[0][3])
+    base = [r["tokens_per_s"] for r in results[base_key]]
     print(f"\nbatch: {args.groups} prompts x G={args.g}, completions <= {args.max_new} tokens, ", end="")
-    print(f"{args.threads} thread(s) per rank")
-    print(f"{'backend':8s} {'ranks':>5s} {'tok/s':>8s} {'vs ddp x1':>9s}")
-    for name, ranks, r in rows:
-        print(f"{name:8s} {ranks:5d} {r['tokens_per_s']:8.0f} {r['tokens_per_s'] / base:9.2f}")
+    print(f"{args.threads} thread(s) per rank; median (min-max) of {args.repeats} repeats")
+    vs = f"vs {base_key[0]} x{base_key[1]}"
+    print(f"{'backend':8s} {'ranks':>5s} {'tok/s':>20s} {'step s':>18s} {'init s':>14s} {vs:>20s}")
+    for (name, ranks), rs in results.items():
+        tok_s = [r["tokens_per_s"] for r in rs]
+        print(
+            f"{name:8s} {ranks:5d} {stats.fmt_spread(tok_s, '.0f'):>20s} "
+            f"{stats.fmt_spread([r['step_s'] for r in rs], '.2f'):>18s} "
+            f"{stats.fmt_spread([r['init_s'] for r in rs], '.0f'):>14s} "
+            f"{stats.fmt_spread(stats.ratios(tok_s, base), '.2f', 'x'):>20s}"
+        )
 
 
 if __name__ == "__main__":

@@ -8,11 +8,18 @@ moment both receivers report that they hold every tensor:
               handshake, packing into buckets (overlapped with sending), bucketed broadcast, and on
               the receivers `WeightReceiver.receive` yielding every named tensor
 
-It also prints the pause a generator sees per update (time inside `receive()`, median over rounds
-and receivers) and the ratio plrl/raw per bucket size; in the last row the receivers reuse their
-buffers (`reuse_buffers=True`). Goal: within 1.3x of raw for a ~50 MB model.
+Variants: raw, plrl at each of `--buckets-mb`, and plrl at 16 MB with the receivers reusing their
+buffers (`reuse_buffers=True`). Every repeat measures each variant once, in turn (the order rotates
+by one each repeat, so drift in machine load hits them alike): `--rounds` timed rounds after an
+untimed one (plrl's builds its group; raw's first ever connects the pairs), and the repeat's figure
+is the median over those rounds. Printed: the command line, one line per (repeat, variant), then per
+variant as median (min-max) over the repeats: seconds per update, GB/s, the pause a generator sees
+per update (time inside `receive()`, median over rounds and receivers) and the headline ratio
+plrl / raw seconds, the median (min-max) of the per-repeat ratios. Goal: within 1.3x of raw for a
+~50 MB model.
 
-    .venv/bin/python bench/weight_broadcast.py [--mb 50] [--rounds 5] [--buckets-mb 8,16,32,64]
+    .venv/bin/python bench/weight_broadcast.py --repeats 3 --rounds 10   # full size: 50 MB model
+    .venv/bin/python bench/weight_broadcast.py --repeats 2 --rounds 1 --mb 12 --buckets-mb 4,16  # smoke
 """
 
 from __future__ import annotations
@@ -20,9 +27,16 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import pathlib
+import shlex
 import statistics
+import sys
 import time
 from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench import stats
 
 
 def _receiver(conn: Any, threads: int) -> None:
@@ -91,13 +105,17 @@ def _model(mb: float) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=float, default=50.0, help="model size in MB")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--mb", type=float, default=50.0, help="model size in MB (at least ~10)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per variant and repeat")
+    ap.add_argument("--repeats", type=int, default=3, help="passes over all variants, alternated")
     ap.add_argument("--buckets-mb", default="8,16,32,64", help="bucket sizes to try, MB (16 is the default)")
     ap.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads per process (copies; 1 on a busy box)"
     )
     args = ap.parse_args()
+    if args.rounds < 1 or args.repeats < 1:
+        ap.error("--rounds and --repeats must be at least 1")
+    print("command:", shlex.join([sys.executable, *sys.argv]), flush=True)
 
     import torch
 
@@ -135,27 +153,27 @@ def main() -> None:
     for p in pipes:
         assert p.recv() == ("joined",)
     flat = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
-    raw = []
-    for _ in range(args.rounds + 1):
-        start = time.perf_counter()
-        for p in pipes:
-            p.send(("raw_go",))
-        groups.broadcast_async(raw_pg, flat).wait()
-        wait_done()
-        raw.append(time.perf_counter() - start)
-    raw = raw[1:]  # the first round connects the pairs
 
-    results = []
-    configs = [(float(x), False) for x in args.buckets_mb.split(",")] + [(16.0, True)]
-    for bucket_mb, reuse in configs:
+    def raw_rounds(n: int) -> list[float]:
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            for p in pipes:
+                p.send(("raw_go",))
+            groups.broadcast_async(raw_pg, flat).wait()
+            wait_done()
+            times.append(time.perf_counter() - start)
+        return times
+
+    def plrl_rounds(n: int, bucket_mb: float, reuse: bool) -> tuple[list[float], list[float]]:
         bc = sender.WeightBroadcaster(advertise_host="127.0.0.1", bucket_bytes=int(bucket_mb * 2**20))
 
-        def announce(member: str, group: Any, ann: Any, reuse: bool = reuse) -> bool:
+        def announce(member: str, group: Any, ann: Any) -> bool:
             pipes[int(member)].send(("ours", group, ann, reuse))
             return True
 
         times, pauses = [], []
-        for version in range(args.rounds + 1):
+        for version in range(n + 1):
             start = time.perf_counter()
             bc.broadcast(version, named.items(), ["0", "1"], announce)
             pause = wait_done()
@@ -163,7 +181,32 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
                 pauses.extend(pause)
         bc.close()
-        results.append((bucket_mb, reuse, times, pauses))
+        return times, pauses
+
+    raw_rounds(1)  # the first round connects the pairs
+    raw = "raw flat buffer"
+    variants: dict[str, tuple[float, bool] | None] = {raw: None}
+    for mb in (float(x) for x in args.buckets_mb.split(",")):
+        variants[f"plrl, {mb:g} MB buckets"] = (mb, False)
+    variants["plrl, 16 MB buckets, rx reuse"] = (16.0, True)
+    names = list(variants)
+    secs: dict[str, list[float]] = {name: [] for name in names}  # per repeat: median of its rounds
+    pause_ms: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(args.repeats):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:  # rotated, so each repeat alternates all variants
+            config = variants[name]
+            if config is None:
+                times = raw_rounds(args.rounds)
+            else:
+                times, pauses = plrl_rounds(args.rounds, *config)
+                pause_ms[name].append(statistics.median(pauses) * 1e3)
+            secs[name].append(statistics.median(times))
+            pause = f", pause {pause_ms[name][-1]:.1f} ms" if config is not None else ""
+            print(
+                f"repeat {rep + 1} {name}: {secs[name][-1]:.3f} s (median of {args.rounds} rounds){pause}",
+                flush=True,
+            )
 
     for p in pipes:
         p.send(("exit",))
@@ -171,21 +214,20 @@ def main() -> None:
         proc.join(timeout=30)
 
     gb = nbytes / 1e9
-    best_raw = min(raw)
     print(f"weight broadcast over gloo, 127.0.0.1: {nbytes / 1e6:.1f} MB, {len(named)} tensors, 2 receivers")
     load = os.getloadavg()[0]
     print(f"load average {load:.1f} on {os.cpu_count()} CPUs; torch threads {args.threads}")
-    print(f"seconds: best of {args.rounds} rounds (median); ratio: vs raw, best (median)")
-    print(f"{'path':<32} {'seconds':>16} {'GB/s':>6} {'pause ms':>9} {'ratio':>14}")
-    med_raw = statistics.median(raw)
-    print(f"{'raw flat buffer':<32} {best_raw:7.3f} ({med_raw:6.3f}) {gb / best_raw:6.2f}")
-    for bucket_mb, reuse, times, pauses in results:
-        best = min(times)
-        name = f"plrl, {bucket_mb:g} MB buckets" + (", rx reuse" if reuse else "")
-        med = statistics.median(times)
+    print(
+        f"median (min-max) over {args.repeats} repeats of each repeat's median of {args.rounds} rounds; "
+        "ratio: plrl / raw seconds within each repeat"
+    )
+    print(f"{'path':<30} {'seconds':>20} {'GB/s':>17} {'pause ms':>17} {'ratio':>18}")
+    for name in names:
+        gbs = [gb / t for t in secs[name]]
+        ratio = stats.ratios(secs[name], secs[raw]) if name != raw else []
         print(
-            f"{name:<32} {best:7.3f} ({med:6.3f}) {gb / best:6.2f} "
-            f"{statistics.median(pauses) * 1e3:9.1f} {best / best_raw:6.2f} ({med / med_raw:5.2f})"
+            f"{name:<30} {stats.fmt_spread(secs[name], '.3f'):>20} {stats.fmt_spread(gbs, '.2f'):>17} "
+            f"{stats.fmt_spread(pause_ms[name], '.1f'):>17} {stats.fmt_spread(ratio, '.2f', 'x'):>18}"
         )
     print("goal: ratio <= 1.3")
 

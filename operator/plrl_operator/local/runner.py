@@ -628,12 +628,13 @@ def run(
         total_steps=job.spec.training.total_steps,
     )
     report.write_summary(run_dir, summary)
-    if rows:
-        report.plot(rows, run_dir / report.REPORT_FILE, title=job.metadata.name, reward=job.spec.task.reward)
-    print(report.summary_text(summary))
+    # The summary first: drawing the report takes ~2 s (matplotlib), which a user who pressed
+    # Ctrl-C should not wait for to see what was trained.
+    print(report.summary_text(summary), flush=True)
     if outcome == "interrupted":
         print(f"interrupted; `plrl run {job_path} --run-dir {run_dir}` resumes from the last checkpoint")
-    else:
+    if rows:
+        report.plot(rows, run_dir / report.REPORT_FILE, title=job.metadata.name, reward=job.spec.task.reward)
         print(f"report: {run_dir / report.REPORT_FILE}")
     if failure is not None:
         raise failure  # `main` prints why, after the summary of what was trained
