@@ -171,7 +171,9 @@ class TorchEngine:
                 return
             self.leave_weight_group()
         device = "cpu" if group.backend == "gloo" else str(self._device)
-        self._receiver = receiver.WeightReceiver(group, device)
+        # update_weights copies every tensor into its parameter before the next version arrives, so
+        # the receiver may reuse its buffers (bench/weight_broadcast.py: a shorter pause per update).
+        self._receiver = receiver.WeightReceiver(group, device, reuse_buffers=True)
 
     def receive_weights(self, ann: protocol.Announcement) -> None:
         if self._receiver is None:
