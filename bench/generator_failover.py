@@ -20,9 +20,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bench import chaos_soak, stats
+from bench import chaos_soak
 from plrl_operator import jobfile
-from plrl_operator.local.chaos_report import FaultCost
+from plrl_operator.local.chaos_report import FaultCost, span
 
 
 def main() -> int:
@@ -62,7 +62,6 @@ def main() -> int:
         recovery = [c.recovery_s for c in cs if c.recovery_s is not None]
         lost = [c.throughput_lost for c in cs if c.throughput_lost is not None]
         of_share = [x / share for x in lost]
-        span = stats.fmt_spread
         print(
             f"{kind} generator-1 at step {args.at_step}, {len(cs)} repeats, median (min-max): detection "
             f"{span(detection, '.1f')} s; training again after {span(recovery, '.1f')} s; throughput "

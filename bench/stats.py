@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 
+from plrl_operator.local import chaos_report
+
 
 def median_spread(xs: Iterable[float]) -> tuple[float, float, float]:
     """(median, min, max) of `xs`; ValueError if there are none."""
@@ -21,16 +23,9 @@ def median_spread(xs: Iterable[float]) -> tuple[float, float, float]:
 
 
 def fmt_spread(xs: Iterable[float], fmt: str = ".2f", unit: str = "", *, scale: float = 1.0) -> str:
-    """`median (min-max)` of `xs` times `scale`, each formatted with `fmt` and followed by `unit`.
-
-    "-" if there are none. `fmt_spread([1.1, 1.23, 1.4])` is "1.23 (1.10-1.40)";
-    `fmt_spread([2.0, 2.5, 3.0], ".1f", "x")` is "2.5x (2.0-3.0)".
-    """
-    values = [float(x) * scale for x in xs]
-    if not values:
-        return "-"
-    med, lo, hi = median_spread(values)
-    return f"{med:{fmt}}{unit} ({lo:{fmt}}-{hi:{fmt}})"
+    """`chaos_report.span` of `xs` times `scale`: `fmt_spread([1.1, 1.23, 1.4])` is "1.23 (1.10-1.40)",
+    `fmt_spread([2.0, 2.5, 3.0], ".1f", "x")` is "2.5x (2.0-3.0)"; "-" if there are none."""
+    return chaos_report.span([float(x) * scale for x in xs], fmt, unit)
 
 
 def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:

@@ -57,11 +57,12 @@ class KindCost:
         )
 
 
-def span(xs: Sequence[float], fmt: str) -> str:
-    """`median (min-max)` of `xs`, each formatted with `fmt`; "-" if there are none."""
+def span(xs: Sequence[float], fmt: str, unit: str = "") -> str:
+    """`median (min-max)` of `xs`, each formatted with `fmt` and followed by `unit`; "-" if there
+    are none. The form every repeated figure is printed in (here and by `bench/`)."""
     if not xs:
         return "-"
-    return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
+    return f"{statistics.median(xs):{fmt}}{unit} ({min(xs):{fmt}}-{max(xs):{fmt}})"
 
 
 def _steps_between(progress: Sequence[tuple[float, int]], a: float, b: float) -> float:
