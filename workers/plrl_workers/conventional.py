@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from plrl_api import identity, worker_config
 from plrl_workers import generator, lifecycle, trainer
+from plrl_workers.engines import training
 
 
 def run(cfg: worker_config.WorkerConfig, ident: identity.Identity, ranks: trainer.RankInfo) -> int:
@@ -50,6 +51,7 @@ def run(cfg: worker_config.WorkerConfig, ident: identity.Identity, ranks: traine
         gen.engine.close()
         gen.coord.close()
         loop.close()
+    training.leave_distributed()
     return 0 if loop.done or stop.is_set() else 1
 
 

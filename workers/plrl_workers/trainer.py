@@ -511,6 +511,7 @@ def train(
         # Not `return`: the broken process group's destructors may abort the interpreter on its way
         # out (SIGABRT, "terminate called without an active exception"), charged as a crash.
         lifecycle.exit_now(names.EXIT_RESTART_ME)
+    training.leave_distributed()
     return 0 if loop.done or stop.is_set() else 1
 
 

@@ -116,6 +116,17 @@ def init_distributed(at: Rendezvous | None = None, timeout_s: float = 600.0) -> 
     dist.init_process_group(backend, store=store, rank=at.rank, world_size=at.world_size, timeout=timeout)
 
 
+def leave_distributed() -> None:
+    """Leave the trainer group before the interpreter's teardown. Left to the teardown, destroying
+    the group can abort the process (SIGABRT, "terminate called without an active exception") when
+    a client is still connected to this rank 0's store: a rank of a resized group that reached it
+    while this one checkpointed its last step. Not for a broken group (see `trainer.train`)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _meet_rank0(at: Rendezvous, timeout_s: float) -> c10d.PrefixStore:
     """The store of this group's rank 0, keyed by world size: a rank of a resized group that reaches
     the store of the old group's rank 0 (still checkpointing its last step, at the same address)

@@ -34,6 +34,7 @@ if old:  # the old group's rank 0, checkpointing its last step until the test le
 t = torch.ones(1)
 dist.all_reduce(t)
 print(f"sum {int(t.item())}", flush=True)
+training.leave_distributed()  # as the trainer does: its store may still have the new rank 1 connected
 """
 
 
@@ -59,17 +60,29 @@ def test_a_new_rank_that_reaches_the_old_groups_store_waits_and_meets_the_new_gr
     tmp_path: pathlib.Path,
 ) -> None:
     port, release = procs.free_port(), tmp_path / "checkpointed"
-    old = _rank(0, 1, port, release)
-    assert old.stdout is not None and old.stdout.readline().strip() == "joined"
-    new1 = _rank(1, 2, port)
-    eventually(lambda: _connected(new1.pid, port), timeout_s=90, what="the new rank 1 to reach the old store")
-    release.touch()  # the old rank 0 is done checkpointing and exits
-    old_out, old_err = old.communicate(timeout=60)
-    assert old.returncode == 0 and old_out.strip() == "sum 1", old_err[-2000:]  # still a group of one
-    assert new1.poll() is None, new1.communicate()[1][-2000:]  # waiting, not failed
-    new0 = _rank(0, 2, port)
-    out0, err0 = new0.communicate(timeout=90)
-    out1, err1 = new1.communicate(timeout=30)
-    assert new0.returncode == 0 and out0.split() == ["joined", "sum", "2"], (err0[-1500:], err1[-1500:])
-    assert new1.returncode == 0 and out1.split() == ["joined", "sum", "2"], err1[-2000:]
-    assert "went away" in err1 and "joining again" in err1, err1[-2000:]
+    started: list[subprocess.Popen[str]] = []
+    try:
+        old = _rank(0, 1, port, release)
+        started.append(old)
+        assert old.stdout is not None and old.stdout.readline().strip() == "joined"
+        new1 = _rank(1, 2, port)
+        started.append(new1)
+        eventually(
+            lambda: _connected(new1.pid, port), timeout_s=90, what="the new rank 1 to reach the old store"
+        )
+        release.touch()  # the old rank 0 is done checkpointing and exits
+        old_out, old_err = old.communicate(timeout=60)
+        assert old.returncode == 0 and old_out.strip() == "sum 1", old_err[-2000:]  # still a group of one
+        assert new1.poll() is None, new1.communicate()[1][-2000:]  # waiting, not failed
+        new0 = _rank(0, 2, port)
+        started.append(new0)
+        out0, err0 = new0.communicate(timeout=90)
+        out1, err1 = new1.communicate(timeout=30)
+        assert new0.returncode == 0 and out0.split() == ["joined", "sum", "2"], (err0[-1500:], err1[-1500:])
+        assert new1.returncode == 0 and out1.split() == ["joined", "sum", "2"], err1[-2000:]
+        assert "went away" in err1 and "joining again" in err1, err1[-2000:]
+    finally:
+        for p in started:  # a failure above must not leave ranks behind for the next tests
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
