@@ -7,13 +7,14 @@ prompts and streams one RolloutGroup per lease on one SubmitRollouts stream. Two
   typed client   - `CoordinatorClient.submit_rollouts` on `protocol.RolloutGroup`s (encoding included)
   pre-encoded    - the same groups encoded beforehand: the transport + server side alone
 
-MB/s counts serialized message bytes; each row is the best of `--repeats` runs (the machine is
-shared, so the best run is the least disturbed one; the median is printed beside it). A last
+MB/s counts serialized message bytes; each repeat runs both rows, their order swapped every other
+repeat, and each figure is the median (min-max) over `--repeats` runs, the typed/pre-encoded
+ratio the median of the per-repeat ratios. A last
 section splits the per-group CPU time in one process: the client's encoding, the server's parse
 and decode (zero-copy numpy views into `protocol.Sample`) and the coordinator's per-token checks.
 Goal: >= 100 MB/s.
 
-    .venv/bin/python bench/rollout_stream.py [--groups 400] [--samples 8] [--tokens 1024]
+    .venv/bin/python bench/rollout_stream.py [--groups 400] [--samples 8] [--tokens 1024] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -24,11 +25,17 @@ import multiprocessing
 import multiprocessing.queues
 import multiprocessing.synchronize
 import os
+import pathlib
+import shlex
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from bench import stats  # after the path insert: run as a script from the repo root
 
 if TYPE_CHECKING:
     from plrl_workers import protocol
@@ -79,6 +86,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024, help="completion tokens per sample")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    print("command:", shlex.join([sys.executable, *sys.argv]), flush=True)
 
     import numpy
 
@@ -118,15 +126,15 @@ def main() -> None:
             )
         return out
 
-    rows = []
+    modes = ("typed client", "pre-encoded")
+    results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}  # (MB/s, groups/s) per run
     with client.CoordinatorClient(f"127.0.0.1:{port}", TOKEN) as c:
         c.register("bench-gen")
         while c.status().weight_version < 1:  # until the trainer is at version 1, send version 0
             c.submit(groups_for(c.lease_prompts("bench-gen", 32).leases, newest=0))
         stub = pb_grpc.CoordinatorStub(c._channel)
-        for mode in ("typed client", "pre-encoded"):
-            results = []
-            for _ in range(args.repeats):
+        for r in range(args.repeats):
+            for mode in modes if r % 2 == 0 else reversed(modes):
                 leases: list[protocol.Lease] = []
                 while len(leases) < args.groups:
                     leases += c.lease_prompts("bench-gen", min(1024, args.groups - len(leases))).leases
@@ -142,21 +150,21 @@ def main() -> None:
                     ]
                 seconds = time.perf_counter() - start
                 assert all(acks) and len(acks) == len(groups), "some groups were refused"
-                results.append((nbytes / seconds / 1e6, len(groups) / seconds))
-            best = max(results)
-            rows.append((mode, best[0], best[1], statistics.median(r[0] for r in results)))
+                results[mode].append((nbytes / seconds / 1e6, len(groups) / seconds))
     stop.set()
     proc.join(timeout=30)
 
     per_group = args.samples * args.tokens
     print(f"rollout streaming, loopback gRPC: {args.groups} groups x G={args.samples} x {args.tokens} tokens")
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'mode':<14} {'MB/s':>8} {'groups/s':>9} {'samples/s':>10} {'tokens/s':>11} {'median MB/s':>12}")
-    for mode, mbs, gps, med in rows:
-        print(
-            f"{mode:<14} {mbs:8.1f} {gps:9.1f} {gps * args.samples:10.0f} {gps * per_group:11.0f} {med:12.1f}"
-        )
-    print(f"goal >= 100 MB/s; typed/pre-encoded ratio {rows[0][1] / rows[1][1]:.2f}")
+    load = os.getloadavg()[0]
+    print(f"load average {load:.1f} on {os.cpu_count()} CPUs; median (min-max) of {args.repeats} runs")
+    print(f"{'mode':<14} {'MB/s':<22} {'groups/s':>9} {'samples/s':>10} {'tokens/s':>11}")
+    for mode in modes:
+        gps = statistics.median(g for _, g in results[mode])
+        mbs = stats.fmt_spread([m for m, _ in results[mode]], ".1f")
+        print(f"{mode:<14} {mbs:<22} {gps:9.1f} {gps * args.samples:10.0f} {gps * per_group:11.0f}")
+    typed, pre = ([g for _, g in results[m]] for m in modes)
+    print(f"goal >= 100 MB/s; typed/pre-encoded ratio {stats.fmt_spread(stats.ratios(typed, pre), '.2f')}")
     _server_split(args.samples, args.tokens)
 
 

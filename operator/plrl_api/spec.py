@@ -386,6 +386,27 @@ class LossSpec(_Model):
     normalize_advantages: bool = Field(
         default=False, description="Divide advantages by the group's reward std (GRPO-style)."
     )
+    stale_weight: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "Staleness mix s (1 = off): in each optimizer batch, samples at the batch's smallest lag "
+            "are fresh, every other sample is stale and its loss terms are multiplied by s, so the "
+            "gradient mixes fresh : stale as 1 : s (the seed's 1 : 0.3 is s = 0.3)."
+        ),
+    )
+    behaviour_kl: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=100.0,
+        alias="behaviourKL",
+        description=(
+            "beta of a KL penalty to the behaviour policy (0 = off): the loss adds "
+            "beta * mean over completion tokens of r - 1 - log r, r = pi_theta / pi_behaviour "
+            "(the k3 estimate of KL(pi_behaviour || pi_theta))."
+        ),
+    )
 
 
 class CheckpointSpec(_Model):
@@ -440,10 +461,31 @@ class TrainingSpec(_Model):
         le=1_000_000.0,
         description="Global gradient-norm clip; 0 disables clipping.",
     )
+    delay_compensation: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1000.0,
+        description=(
+            "lambda of a delay-compensated step (DC-ASGD; 0 = off; backend torch only): before "
+            "clipping, each gradient g becomes g + lambda * g * g * (w_now - w_behaviour), w_behaviour "
+            "the weights of the batch's mean token version. Costs pipeline.maxLag + 1 copies of the "
+            "fp32 weights on each trainer's device."
+        ),
+    )
     loss: LossSpec = Field(default_factory=LossSpec, description="The policy-gradient loss.")
     total_steps: Int = Field(default=1000, ge=1, le=10_000_000, description="Optimizer steps to run.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     seed: Int = Field(default=0, ge=0, le=SEED_MAX, description="Seed for data order and dropout.")
+
+    RULES = (
+        Rule(
+            "delayCompensation",
+            "self.delayCompensation == 0.0 || self.backend == 'torch'",
+            lambda s: s.delay_compensation == 0.0 or s.backend == "torch",
+            "training.delayCompensation={delayCompensation} needs training.backend=torch, not "
+            "{backend} (ZeRO keeps the reduced gradients inside DeepSpeed)",
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- pipeline

@@ -248,6 +248,13 @@ RULES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
         "model.name=builtin:huge is not a builtin model (known: builtin:tiny)",
     ),
     (
+        "delay-compensation-torch-only",
+        {"training": {"backend": "deepspeed", "delayCompensation": 0.5}},
+        {"training": {"backend": "torch", "delayCompensation": 0.5}},
+        "spec.training.delayCompensation",
+        "training.delayCompensation=0.5 needs training.backend=torch, not deepspeed",
+    ),
+    (
         "warm-start-builtin-only",
         {"model": {"name": "/models/demo", "warmStartSteps": 1}},
         {"model": {"name": "builtin:tiny", "warmStartSteps": 1}},
@@ -466,3 +473,19 @@ def test_overrides_are_validated_like_the_file(tmp_path: pathlib.Path) -> None:
         spec.JobFileError, match=r"--set spec\.model\.name\.x=1: spec\.model\.name is not a mapping"
     ):
         jobfile.load_job(path, ["spec.model.name.x=1"])
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "good"),
+    [
+        ("staleWeight", 0, 0.3),
+        ("staleWeight", 1.5, 1.0),
+        ("behaviourKL", -0.1, 0.05),
+        ("behaviourKL", 101, 100),
+    ],
+)
+def test_lag_compensation_settings_are_bounded_and_named(field: str, bad: float, good: float) -> None:
+    lines = _refusal(training={"loss": {field: bad}})
+    assert lines and all(line.startswith(f"spec.training.loss.{field}: ") for line in lines), lines
+    loss = spec.parse_job(_job(training={"loss": {field: good}})).spec.training.loss
+    assert (loss.stale_weight if field == "staleWeight" else loss.behaviour_kl) == good

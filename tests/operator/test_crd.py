@@ -171,6 +171,7 @@ def test_cel_rules_are_the_ones_in_spec_py() -> None:
         ".spec.pipeline": spec.PipelineSpec,
         ".spec.pipeline.autoscale": spec.AutoscaleSpec,
         ".spec.heartbeat": spec.HeartbeatSpec,
+        ".spec.training": spec.TrainingSpec,
     }
     assert set(rules) == set(models)
     for path, model in models.items():

@@ -103,7 +103,7 @@ class FakeTrainingEngine:
         self.micro_batches += 1
         return metrics
 
-    def step(self) -> dict[str, float]:
+    def step(self, behaviour_version: int | None = None) -> dict[str, float]:
         grads = [p.grad for p in self._model.parameters() if p.grad is not None]
         norm = float(torch.nn.utils.get_total_norm(grads))
         self._opt.step()

@@ -263,6 +263,13 @@ MORE: list[Case] = [
         rule=True,
     ),
     Case(
+        "delay-compensation-deepspeed",
+        "spec.training.delayCompensation",
+        both(put("spec.training.backend", "deepspeed"), put("spec.training.delayCompensation", 0.5)),
+        rule=True,
+    ),
+    Case("stale-weight-zero", "spec.training.loss.staleWeight", put("spec.training.loss.staleWeight", 0)),
+    Case(
         "hybrid-without-switch",
         "spec.pipeline.hybridSwitchStep",
         put("spec.pipeline.mode", "hybrid"),

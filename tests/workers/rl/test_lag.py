@@ -1,5 +1,6 @@
 """The max-lag policy: per-token lag in optimizer steps, samples judged by their oldest token,
-`drop` (counted per sample and per fully dropped prompt) and `downweight` (halving per extra step)."""
+`drop` (counted per sample and per fully dropped prompt) and `downweight` (halving per extra step);
+the staleness mix (`staleWeight`) on top of it."""
 
 from __future__ import annotations
 
@@ -55,3 +56,31 @@ def test_max_lag_zero_is_strictly_on_policy() -> None:
 def test_unknown_policy_names_the_field() -> None:
     with pytest.raises(ValueError, match="lagPolicy"):
         lag.weight_for(5, 1, "ignore")
+
+
+def test_the_staleness_mix_weights_samples_older_than_the_batchs_freshest_by_stale_weight() -> None:
+    groups = [
+        _group(0, [11, 11], [10, 11]),  # lags 1 (fresh: the smallest kept) and 2 (stale)
+        _group(1, [9], [5]),  # lag 3 (stale) and 7 (dropped: never counted as stale)
+    ]
+    weights, stats = lag.apply(groups, trainer_version=12, max_lag=3, policy=lag.DROP, stale_weight=0.3)
+    assert weights == [[1.0, 0.3], [0.3, None]]
+    assert (stats.samples_stale, stats.samples_dropped) == (2, 1)
+    # Multiplies the lag policy's own weight; 1 leaves every weight as the policy set it.
+    weights, _ = lag.apply(groups, trainer_version=12, max_lag=2, policy=lag.DOWNWEIGHT, stale_weight=0.5)
+    assert weights == [[1.0, 0.5], [0.25, 0.5**5 * 0.5]]
+    same, stats = lag.apply(groups, trainer_version=12, max_lag=3, policy=lag.DROP, stale_weight=1.0)
+    assert same == [[1.0, 1.0], [1.0, None]] and stats.samples_stale == 0
+
+
+def test_a_batch_at_one_lag_has_no_stale_samples() -> None:
+    weights, stats = lag.apply(
+        [_group(0, [10], [10, 11])], trainer_version=12, max_lag=3, policy=lag.DROP, stale_weight=0.3
+    )
+    assert weights == [[1.0, 1.0]] and stats.samples_stale == 0
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, 1.01])
+def test_a_stale_weight_out_of_range_names_the_field(bad: float) -> None:
+    with pytest.raises(ValueError, match="staleWeight"):
+        lag.apply([_group(0, [10])], trainer_version=12, max_lag=3, policy=lag.DROP, stale_weight=bad)

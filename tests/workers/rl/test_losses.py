@@ -122,6 +122,43 @@ def test_ess_is_the_normalised_effective_sample_size_of_the_weights() -> None:
     assert losses.summarize(losses.add_sums(a, b))["ess"] == pytest.approx(0.75, rel=1e-5)
 
 
+@pytest.mark.parametrize("name", ["reinforce_tis", "reinforce"])
+def test_the_behaviour_kl_penalty_adds_beta_times_k3_and_its_gradient(name: str) -> None:
+    """From scratch: k3_t = r - 1 - log r, d/d logpi_t = (r - 1); the penalty adds beta * mean k3 to
+    the loss and beta * (r_t - 1) / N to each token's gradient; masked tokens add nothing; a log-ratio
+    beyond +-10 is held there (no gradient through the penalty)."""
+    behaviour = [-1.0, -1.0, -2.0, -1.0, -3.0]
+    log_r = [0.0, 0.4, -0.7, 0.2, 12.0]
+    lp_vals = [b + d for b, d in zip(behaviour, log_r, strict=True)]
+    adv = [1.0, -1.0, 0.5, 2.0, 1.0]
+    mask = [True, True, True, False, True]
+    beta, n = 0.3, 4
+    x, lp = _inputs(lp_vals, behaviour, adv, mask=mask)
+    y, lp_off = _inputs(lp_vals, behaviour, adv, mask=mask)
+    with_kl, sums = losses.get(name)(x, losses.LossConfig(name, behaviour_kl=beta))
+    without, sums_off = losses.get(name)(y, losses.LossConfig(name))
+    held = [max(-10.0, min(10.0, d)) for d in log_r]
+    k3 = [math.exp(d) - 1 - d if m else 0.0 for d, m in zip(held, mask, strict=True)]
+    assert float(with_kl.detach() - without.detach()) == pytest.approx(beta * sum(k3) / n, rel=1e-5)
+    extra = [
+        beta * (math.exp(d) - 1) / n if m and abs(d) <= 10 else 0.0 for d, m in zip(log_r, mask, strict=True)
+    ]
+    torch.testing.assert_close(_grad(with_kl, lp) - _grad(without, lp_off), torch.tensor(extra))
+    assert losses.summarize(sums)["kl_k3"] == pytest.approx(sum(k3) / n, rel=1e-5)
+    assert losses.summarize(sums_off)["kl_k3"] == 0.0
+
+
+def test_the_mean_k3_of_tokens_sampled_from_the_behaviour_policy_estimates_kl_behaviour_to_current() -> None:
+    behaviour = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    current = torch.tensor([0.4, 0.4, 0.1, 0.1])
+    exact = float((behaviour * (behaviour / current).log()).sum())
+    tokens = torch.multinomial(
+        behaviour, 200_000, replacement=True, generator=torch.Generator().manual_seed(0)
+    )
+    x, _ = _inputs(current.log()[tokens].tolist(), behaviour.log()[tokens].tolist(), [0.0] * len(tokens))
+    assert float(losses.behaviour_kl_k3(x).detach()) == pytest.approx(exact, rel=0.03)
+
+
 def test_unknown_loss_names_the_field() -> None:
     with pytest.raises(ValueError, match=r"training.loss.name='ppo'.*reinforce_tis"):
         losses.get("ppo")

@@ -53,6 +53,15 @@ def test_downweighted_samples_carry_their_weight_into_the_micro_batch() -> None:
     assert prep.prompts_dropped == [] and prep.lag.samples_downweighted == 2
 
 
+def test_stale_samples_carry_the_stale_weight_into_the_micro_batch() -> None:
+    cfg = step.RLConfig(tokens_per_micro_batch=64, max_lag=2, stale_weight=0.3)
+    prep = step.prepare(GROUPS[0:1], trainer_version=6, world_size=1, cfg=cfg)
+    (mb,) = prep.micro_batches[0]
+    # Prompt 7: its 2-token sample has lag 1, the 3-token one lag 0 (the batch's freshest).
+    assert sorted(mb.weights[mb.loss_mask].tolist()) == pytest.approx([0.3, 0.3, 1.0, 1.0, 1.0])
+    assert prep.metrics()["lag/samples_stale"] == 1.0
+
+
 def test_an_all_dropped_batch_is_empty_and_refused() -> None:
     prep = step.prepare(GROUPS[1:2], trainer_version=6, world_size=2, cfg=step.RLConfig(max_lag=0))
     assert prep.empty and prep.prompts_dropped == [8]
@@ -70,7 +79,13 @@ def test_configs_are_read_from_the_job_spec() -> None:
                 "batchSize": 16,
                 "tokensPerMicroBatch": 512,
                 "gradientClipping": 0.0,
-                "loss": {"name": "reinforce", "isClamp": 3.0, "normalizeAdvantages": True},
+                "loss": {
+                    "name": "reinforce",
+                    "isClamp": 3.0,
+                    "normalizeAdvantages": True,
+                    "staleWeight": 0.3,
+                    "behaviourKL": 0.05,
+                },
             },
             "pipeline": {"maxLag": 4, "lagPolicy": "downweight"},
         }
@@ -83,5 +98,6 @@ def test_configs_are_read_from_the_job_spec() -> None:
         4,
         "downweight",
     )
+    assert (rl.stale_weight, rl.loss.behaviour_kl) == (0.3, 0.05)
     eng = training.TrainEngineConfig.from_spec(job, "/models/x")
     assert (eng.backend, eng.gradient_clipping, eng.model_path) == ("torch", 0.0, "/models/x")

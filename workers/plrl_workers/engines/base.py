@@ -232,9 +232,12 @@ class TrainingEngine(Protocol):
         """
         ...
 
-    def step(self) -> dict[str, float]:
+    def step(self, behaviour_version: int | None = None) -> dict[str, float]:
         """Clip (spec `training.gradientClipping`, 0 = off), apply the optimizer, zero the gradients,
-        and bump `version`. Returns at least `grad_norm` (before clipping) and `lr`."""
+        and bump `version`. Returns at least `grad_norm` (before clipping) and `lr`.
+
+        `behaviour_version`: the version the batch was sampled by (its mean token version), for a
+        delay-compensated step (`training.delayCompensation`); ignored when that is off."""
         ...
 
     def named_parameters_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:

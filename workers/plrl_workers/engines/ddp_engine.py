@@ -10,6 +10,10 @@ Checkpoint layout inside the directory `checkpoint.py` gives it: `model/` (what 
 optimizer state is replicated, so it holds all of it and loads at any world size: an elastic
 restart), `engine.json` (version, world size).
 
+With `training.delayCompensation` the step corrects the reduced gradients for the batch's lag
+(DC-ASGD, `rl/delay_compensation.py`) before clipping, from the weights of the batch's behaviour
+version kept in a `WeightHistory` (maxLag + 1 copies of the parameters on the device).
+
 Neighbours: `engines/base.py`, `engines/training.py`, `engines/deepspeed_engine.py`.
 """
 
@@ -26,6 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from plrl_workers.engines import training
+from plrl_workers.rl import delay_compensation
 
 
 class DDPEngine:
@@ -47,6 +52,10 @@ class DDPEngine:
         )
         self._opt = training.make_optimizer(self._model.parameters(), cfg)
         self._version = 0
+        self._history: delay_compensation.WeightHistory | None = None
+        if cfg.delay_compensation > 0:
+            self._history = delay_compensation.WeightHistory(cfg.max_lag + 1)
+            self._history.record(self._version, self._model.parameters())
         use_amp = self._device.type == "cuda" and cfg.dtype != "float32"
         self._amp_dtype = getattr(torch, cfg.dtype) if use_amp else None
 
@@ -84,7 +93,10 @@ class DDPEngine:
             torch.autograd.backward(loss)
         return metrics
 
-    def step(self) -> dict[str, float]:
+    def step(self, behaviour_version: int | None = None) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self._history is not None and behaviour_version is not None:
+            out = self._compensate_delay(behaviour_version)
         params = [p for p in self._model.parameters() if p.grad is not None]
         clip = self._cfg.gradient_clipping
         if clip > 0:
@@ -94,10 +106,27 @@ class DDPEngine:
         self._opt.step()
         self._opt.zero_grad(set_to_none=True)
         self._version += 1
+        if self._history is not None:
+            self._history.record(self._version, self._model.parameters())
         grad_norm = float(norm)
-        return {
+        return out | {
             "grad_norm": grad_norm if math.isfinite(grad_norm) else math.nan,
             "lr": self._cfg.learning_rate,
+        }
+
+    def _compensate_delay(self, behaviour_version: int) -> dict[str, float]:
+        """DC-ASGD on the reduced gradients; reports the lag it corrected for and, when the history
+        lacked the batch's version (just after a resume), how far off the version it used was."""
+        assert self._history is not None
+        found, old = self._history.weights(behaviour_version)
+        lam = self._cfg.delay_compensation
+        with torch.no_grad():
+            for p, w_b in zip(self._model.parameters(), old, strict=True):
+                if p.grad is not None:
+                    p.grad.copy_(delay_compensation.compensate(p.grad, p, w_b, lam))
+        return {
+            "dc_lag": float(self._version - found),
+            "dc_version_miss": float(abs(found - behaviour_version)),
         }
 
     def named_parameters_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -117,6 +146,9 @@ class DDPEngine:
         opt_state = torch.load(directory / "optimizer.pt", map_location=self._device, weights_only=True)
         self._opt.load_state_dict(opt_state)
         self._version = int(json.loads((directory / "engine.json").read_text())["version"])
+        if self._history is not None:  # older versions' weights are gone with the old process
+            self._history = delay_compensation.WeightHistory(self._cfg.max_lag + 1)
+            self._history.record(self._version, self._model.parameters())
 
     def close(self) -> None:
         self._opt.zero_grad(set_to_none=True)

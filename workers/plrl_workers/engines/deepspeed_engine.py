@@ -83,6 +83,9 @@ class DeepSpeedEngine:
             raise RuntimeError("call engines.training.init_distributed() before building an engine")
         if cfg.zero_stage not in (1, 2):
             raise ValueError(f"training.zeroStage={cfg.zero_stage} must be 1 or 2")
+        if cfg.delay_compensation > 0:
+            # ZeRO keeps each rank's share of the reduced gradients inside its optimizer wrapper.
+            raise ValueError("training.delayCompensation needs training.backend=torch")
         deepspeed = _prepare_deepspeed_import()
         self._cfg = cfg
         self._device = training.device(cfg.local_rank)
@@ -139,7 +142,8 @@ class DeepSpeedEngine:
         self._engine.backward(loss, scale_wrt_gas=False)
         return metrics
 
-    def step(self) -> dict[str, float]:
+    def step(self, behaviour_version: int | None = None) -> dict[str, float]:
+        del behaviour_version  # no delay compensation here: the spec allows it with backend torch only
         self._engine.step()
         self._version += 1
         norm = self._engine.get_global_grad_norm()

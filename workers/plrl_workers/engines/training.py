@@ -54,6 +54,10 @@ class TrainEngineConfig:
     attn_implementation: str = "sdpa"
     local_rank: int = 0
     """Which of the pod's accelerators this rank drives (CUDA device index)."""
+    delay_compensation: float = 0.0
+    """DC-ASGD's lambda (`rl/delay_compensation.py`); 0 = off. The torch backend only."""
+    max_lag: int = 8
+    """pipeline.maxLag: the delay-compensated step keeps the weights of maxLag + 1 versions."""
 
     @classmethod
     def from_spec(cls, spec: spec_mod.JobSpec, model_path: str, local_rank: int = 0) -> TrainEngineConfig:
@@ -68,6 +72,8 @@ class TrainEngineConfig:
             dtype=spec.model.dtype,
             seed=t.seed,
             local_rank=local_rank,
+            delay_compensation=t.delay_compensation,
+            max_lag=spec.pipeline.max_lag,
         )
 
 

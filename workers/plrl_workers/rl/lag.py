@@ -13,6 +13,14 @@ builds the optimizer batch that will consume it:
   the sample's per-token loss terms; the loss normaliser (token count) is unchanged, so a
   down-weighted sample really contributes less. Counted in `samples_downweighted`.
 
+Then the staleness mix (`training.loss.staleWeight`, s in (0, 1], 1 = off; the seed's "mix delayed
+and current gradients 1 : 0.3" is s = 0.3): among the batch's kept samples, those at the smallest
+lag in the batch are its fresh ones, every other kept sample is stale and its weight is multiplied
+by s. The gradient is then sum(fresh terms) + s * sum(stale terms) over the same normaliser N: a
+1 : s mix of the two parts. Relative to the freshest data present, not to lag 0: in a pipeline
+nearly every sample has lag >= 1, and scaling a whole batch by s does nothing under Adam (it is
+invariant to the gradient's scale). Counted in `samples_stale`.
+
 The remaining samples keep their leave-one-out advantages computed from all G rewards: the
 baseline of sample i uses only the other samples' rewards, so it stays independent of sample i
 when some of them are dropped.
@@ -68,23 +76,55 @@ class LagStats:
     token_lag_max: int
     multi_version_samples: int
     """Samples whose tokens come from two or more weight versions (updates happened in flight)."""
+    samples_stale: int = 0
+    """Kept samples the staleness mix weighted by staleWeight (0 when it is off)."""
 
     def as_metrics(self) -> dict[str, float]:
         return {k: float(v) for k, v in dataclasses.asdict(self).items()}
 
 
+def mix_stale(
+    weights: list[list[float | None]], lags: list[list[int]], stale_weight: float
+) -> tuple[list[list[float | None]], int]:
+    """The staleness mix: kept samples above the batch's smallest kept lag get `stale_weight` times
+    their weight. Returns the new weights and how many samples were stale."""
+    if not 0.0 < stale_weight <= 1.0:
+        raise ValueError(f"training.loss.staleWeight={stale_weight} must be in (0, 1]")
+    kept = [
+        lag for row, lrow in zip(weights, lags, strict=True) for w, lag in zip(row, lrow, strict=True) if w
+    ]
+    if stale_weight == 1.0 or not kept:
+        return weights, 0
+    fresh = min(kept)
+    out = [
+        [
+            None if w is None else (w * stale_weight if lag > fresh else w)
+            for w, lag in zip(row, lrow, strict=True)
+        ]
+        for row, lrow in zip(weights, lags, strict=True)
+    ]
+    return out, sum(lag > fresh for lag in kept)
+
+
 def apply(
-    groups: Sequence[protocol.RolloutGroup], trainer_version: int, max_lag: int, policy: str
+    groups: Sequence[protocol.RolloutGroup],
+    trainer_version: int,
+    max_lag: int,
+    policy: str,
+    stale_weight: float = 1.0,
 ) -> tuple[list[list[float | None]], LagStats]:
     """Per-sample weights (None = dropped), nested like `groups[i].samples`, and the counts."""
     weights: list[list[float | None]] = []
+    lags: list[list[int]] = []
     samples = dropped = downweighted = groups_dropped = tokens = lag_sum = lag_max = multi = 0
     for group in groups:
         row: list[float | None] = []
+        lags.append([])
         for s in group.samples:
             lag = sample_lag(s.versions, trainer_version)
             w = weight_for(lag, max_lag, policy)
             row.append(w)
+            lags[-1].append(lag)
             samples += 1
             dropped += w is None
             downweighted += w is not None and w < 1.0
@@ -96,6 +136,7 @@ def apply(
             tokens += n
         groups_dropped += bool(row) and all(w is None for w in row)
         weights.append(row)
+    weights, stale = mix_stale(weights, lags, stale_weight)
     stats = LagStats(
         samples=samples,
         samples_dropped=dropped,
@@ -105,5 +146,6 @@ def apply(
         token_lag_mean=lag_sum / tokens if tokens else 0.0,
         token_lag_max=lag_max,
         multi_version_samples=multi,
+        samples_stale=stale,
     )
     return weights, stats

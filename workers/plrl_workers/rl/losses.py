@@ -16,6 +16,17 @@ sample's lag-policy weight (`rl/lag.py`), `A_t` its advantage (`rl/advantages.py
   weight per token, as in PipelineRL); the gradient is c_t * A_t * grad log pi_theta.
 - `reinforce`: c_t = 1 (no correction for lag; the diagnostics below are still reported).
 
+Lag compensation in the loss (seed 3.2 / 5.3), on top of either name:
+
+- `behaviour_kl` (beta >= 0, 0 = off): adds beta * (1 / N) * sum over completion tokens of
+  k3_t = r_t - 1 - log r_t with r_t = pi_theta(y_t) / pi_behaviour(y_t). The tokens were sampled
+  from pi_behaviour, so the mean of k3 estimates KL(pi_behaviour || pi_theta) (Schulman's k3:
+  unbiased, never negative); its gradient, beta * (r_t - 1) * grad log pi_theta / N, pulls the
+  policy back toward the weights that sampled the batch, the further it has moved since. Not
+  multiplied by the sample weights: it is a trust region, not a learning signal.
+- the staleness mix (`training.loss.staleWeight`) is a per-sample weight, set with the lag policy's
+  (`rl/lag.py`), so it reaches the loss as `weight_t`.
+
 log pi are log-probabilities of the sampled token under the temperature-scaled distribution,
 log_softmax(logits / temperature), exactly what the generators record as behaviour logprobs.
 
@@ -36,6 +47,9 @@ import torch
 
 # Bound on log(pi_theta / pi_behaviour) before exponentiating, so diagnostics stay finite.
 _MAX_LOG_RATIO = 50.0
+# The KL penalty's log-ratio is clamped here (gradient held beyond): its gradient grows like r, and a
+# token e^10 = 22,000 times likelier than when it was sampled is an outlier, not a trend to correct.
+KL_MAX_LOG_RATIO = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +58,8 @@ class LossConfig:
 
     name: str = "reinforce_tis"
     is_clamp: float = 5.0
+    behaviour_kl: float = 0.0
+    """beta of the k3 KL penalty to the behaviour policy (0 = off)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,22 +129,37 @@ def _policy_gradient(x: LossInputs, coef: torch.Tensor) -> torch.Tensor:
     return torch.where(x.loss_mask, per_token, torch.zeros_like(per_token)).sum() / max(x.normalizer, 1.0)
 
 
+def behaviour_kl_k3(x: LossInputs) -> torch.Tensor:
+    """(1 / N) * sum over completion tokens of k3 = r - 1 - log r, r = pi_theta / pi_behaviour."""
+    log_r = (x.logprobs.float() - x.behaviour_logprobs.float()).clamp(-KL_MAX_LOG_RATIO, KL_MAX_LOG_RATIO)
+    k3 = log_r.exp() - 1.0 - log_r
+    return torch.where(x.loss_mask, k3, torch.zeros_like(k3)).sum() / max(x.normalizer, 1.0)
+
+
+def _with_penalty(x: LossInputs, cfg: LossConfig, pg: torch.Tensor, sums: Sums) -> torch.Tensor:
+    """The policy-gradient term plus the optional KL penalty; both reported in `sums`."""
+    loss = pg
+    if cfg.behaviour_kl > 0:
+        kl = behaviour_kl_k3(x)
+        sums["kl_k3_sum"] = float(kl.detach()) * x.normalizer
+        loss = pg + cfg.behaviour_kl * kl
+    sums["loss_sum"] = float(loss.detach()) * x.normalizer
+    return loss
+
+
 @register("reinforce_tis")
 def reinforce_tis(x: LossInputs, cfg: LossConfig) -> tuple[torch.Tensor, Sums]:
     """REINFORCE with truncated per-token importance weights min(pi_theta/pi_behaviour, clamp)."""
     truncated, sums = _diagnostics(x, cfg)
-    loss = _policy_gradient(x, truncated)
-    sums["loss_sum"] = float(loss.detach()) * x.normalizer
-    return loss, sums
+    return _with_penalty(x, cfg, _policy_gradient(x, truncated), sums), sums
 
 
 @register("reinforce")
 def reinforce(x: LossInputs, cfg: LossConfig) -> tuple[torch.Tensor, Sums]:
     """Plain REINFORCE with the group baseline already in the advantages; no IS correction."""
     _, sums = _diagnostics(x, cfg)
-    loss = _policy_gradient(x, torch.ones_like(x.logprobs, dtype=torch.float32))
-    sums["loss_sum"] = float(loss.detach()) * x.normalizer
-    return loss, sums
+    pg = _policy_gradient(x, torch.ones_like(x.logprobs, dtype=torch.float32))
+    return _with_penalty(x, cfg, pg, sums), sums
 
 
 def add_sums(a: Sums, b: Sums) -> Sums:
@@ -145,6 +176,7 @@ def summarize(sums: Sums) -> dict[str, float]:
             "clamp_frac": 0.0,
             "ratio_mean": 1.0,
             "kl": 0.0,
+            "kl_k3": 0.0,
             "loss": 0.0,
         }
     w, w2 = sums["is_weight_sum"], sums["is_weight_sq_sum"]
@@ -154,6 +186,8 @@ def summarize(sums: Sums) -> dict[str, float]:
         "clamp_frac": sums["clamped_tokens"] / n,
         "ratio_mean": sums["ratio_sum"] / n,
         "kl": sums["kl_sum"] / n,
+        # The penalty's own estimate (k3, clamped like the penalty); 0 when the penalty is off.
+        "kl_k3": sums.get("kl_k3_sum", 0.0) / n,
         # Sum of micro-batch losses = the optimizer batch's loss (each is already divided by N).
         "loss": sums.get("loss_sum", 0.0) / n if math.isfinite(sums.get("loss_sum", 0.0)) else math.nan,
     }

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from plrl_workers import protocol
 from plrl_workers.engines import sampling
-from plrl_workers.rl import advantages, lag, losses, packing
+from plrl_workers.rl import advantages, delay_compensation, lag, losses, packing
 
 if TYPE_CHECKING:
     from plrl_api import spec as spec_mod
@@ -49,17 +49,21 @@ class RLConfig:
     tokens_per_micro_batch: int = 8192
     max_lag: int = 8
     lag_policy: str = lag.DROP
+    stale_weight: float = 1.0
 
     @classmethod
     def from_spec(cls, spec: spec_mod.JobSpec) -> RLConfig:
         t = spec.training
         return cls(
-            loss=losses.LossConfig(name=t.loss.name, is_clamp=t.loss.is_clamp),
+            loss=losses.LossConfig(
+                name=t.loss.name, is_clamp=t.loss.is_clamp, behaviour_kl=t.loss.behaviour_kl
+            ),
             temperature=spec.generation.temperature,
             normalize_advantages=t.loss.normalize_advantages,
             tokens_per_micro_batch=t.tokens_per_micro_batch,
             max_lag=spec.pipeline.max_lag,
             lag_policy=str(spec.pipeline.lag_policy),
+            stale_weight=t.loss.stale_weight,
         )
 
 
@@ -92,7 +96,7 @@ def prepare(
     groups: Sequence[protocol.RolloutGroup], trainer_version: int, world_size: int, cfg: RLConfig
 ) -> PreparedStep:
     """Lag policy, advantages and packing for one optimizer batch (pure; same on every rank)."""
-    weights, lag_stats = lag.apply(groups, trainer_version, cfg.max_lag, cfg.lag_policy)
+    weights, lag_stats = lag.apply(groups, trainer_version, cfg.max_lag, cfg.lag_policy, cfg.stale_weight)
     advs, adv_stats = advantages.compute(groups, cfg.normalize_advantages)
     seqs: list[packing.TrainSequence] = []
     trained: list[int] = []
@@ -192,10 +196,10 @@ def train_step(
             functools.partial(rl_step, micro_batch=mb_dev, cfg=cfg), last=i == n - 1
         )
         sums = losses.add_sums(sums, got)
-    out = engine.step()
-    sums = _all_reduce_sums(sums)
-    metrics = losses.summarize(sums)
+    sums = _all_reduce_sums(sums)  # before the step: the delay-compensated one needs the batch's version
     tokens = sums.get("tokens", 0.0)
+    out = engine.step(delay_compensation.behaviour_version(sums.get("version_sum", 0.0), tokens, version))
+    metrics = losses.summarize(sums)
     metrics["trained_lag_mean"] = version - sums.get("version_sum", 0.0) / tokens if tokens else 0.0
     metrics["trained_tokens"] = tokens
     metrics["input_tokens"] = sums.get("input_tokens", 0.0)
