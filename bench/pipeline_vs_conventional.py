@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import pathlib
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -29,42 +27,18 @@ from typing import Any
 import yaml
 
 from plrl_api import records
-from plrl_operator.local import report
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bench import stats
-from tests.infra import procs
+from bench import runs, stats
 
 
 def run_mode(
     job_doc: dict[str, Any], mode: str, steps: int | None, workdir: pathlib.Path
 ) -> list[records.StepRecord]:
-    doc = yaml.safe_load(yaml.safe_dump(job_doc))
-    doc["metadata"]["name"] = f"{doc['metadata']['name']}-{mode}"
-    doc["spec"].setdefault("pipeline", {})["mode"] = mode
-    if steps is not None:
-        doc["spec"].setdefault("training", {})["totalSteps"] = steps
-    job = workdir / f"{mode}.yaml"
-    job.write_text(yaml.safe_dump(doc))
-    run_dir = workdir / f"run-{mode}"
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    cmd = [sys.executable, "-m", "plrl_operator.cli", "run", str(job), "--run-dir", str(run_dir), "--quiet"]
-    # A process tree: Ctrl-C or a failure of the bench leaves no worker of the run behind.
-    procs.run_tree(cmd, timeout=None, check=True, env=env, stdout=subprocess.DEVNULL, stderr=None)
-    return report.read_records(run_dir)
-
-
-def _reward(r: records.StepRecord) -> float:
-    return math.nan if r.reward_mean is None else r.reward_mean
-
-
-def smoothed(rows: list[records.StepRecord], window: int) -> list[tuple[float, float]]:
-    out = []
-    for i in range(len(rows)):
-        chunk = [_reward(r) for r in rows[max(0, i - window + 1) : i + 1]]
-        out.append((rows[i].elapsed_s, statistics.fmean(chunk)))
-    return out
+    extra = {} if steps is None else {"training__totalSteps": steps}
+    name = f"{job_doc['metadata']['name']}-{mode}"
+    return runs.run_job(runs.edited(job_doc, name, pipeline__mode=mode, **extra), workdir)
 
 
 def time_to(curve: list[tuple[float, float]], target: float) -> float:
@@ -90,16 +64,9 @@ def main() -> int:
                 wd.mkdir(exist_ok=True)
                 results[mode].append(run_mode(job_doc, mode, args.steps, wd))
     finals = {
-        m: statistics.fmean(
-            statistics.fmean(_reward(r) for r in rows[-max(1, len(rows) // 10) :]) for rows in runs
-        )
-        for m, runs in results.items()
+        m: statistics.fmean(runs.last_tenth(rows) for rows in mode_runs) for m, mode_runs in results.items()
     }
-    starts = [
-        statistics.fmean(_reward(r) for r in rows[: max(1, len(rows) // 10)])
-        for runs in results.values()
-        for rows in runs
-    ]
+    starts = [runs.first_tenth(rows) for mode_runs in results.values() for rows in mode_runs]
     start = statistics.fmean(starts)
     target = args.target if args.target is not None else start + 0.8 * (min(finals.values()) - start)
     print(
@@ -107,12 +74,12 @@ def main() -> int:
         f"{'t(reward>=' + format(target, '.3f') + ') s':>22}{'lag mean':>10}"
     )
     summary: dict[str, dict[str, float]] = {}
-    for mode, runs in results.items():
-        walls = [rows[-1].elapsed_s for rows in runs]
-        trained = [rows[-1].trained_tokens_per_s for rows in runs]
-        generated = [rows[-1].generated_tokens_per_s for rows in runs]
-        reach = [time_to(smoothed(rows, args.window), target) for rows in runs]
-        lag = [statistics.fmean(r.lag_mean for r in rows) for rows in runs]
+    for mode, mode_runs in results.items():
+        walls = [rows[-1].elapsed_s for rows in mode_runs]
+        trained = [rows[-1].trained_tokens_per_s for rows in mode_runs]
+        generated = [rows[-1].generated_tokens_per_s for rows in mode_runs]
+        reach = [time_to(runs.smoothed(rows, args.window), target) for rows in mode_runs]
+        lag = [statistics.fmean(r.lag_mean for r in rows) for rows in mode_runs]
         summary[mode] = {
             "wall": statistics.median(walls),
             "trained": statistics.median(trained),
@@ -127,7 +94,7 @@ def main() -> int:
     tok = [p[-1].trained_tokens_per_s / c[-1].trained_tokens_per_s for p, c in zip(pipe, conv, strict=True)]
     wall = [c[-1].elapsed_s / p[-1].elapsed_s for p, c in zip(pipe, conv, strict=True)]
     reach = [
-        time_to(smoothed(c, args.window), target) / time_to(smoothed(p, args.window), target)
+        time_to(runs.smoothed(c, args.window), target) / time_to(runs.smoothed(p, args.window), target)
         for p, c in zip(pipe, conv, strict=True)
     ]
     print(

@@ -7,6 +7,7 @@ assertions about one run share it.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from plrl_api import records
 from plrl_operator.local import report
 from plrl_workers import checkpoint
 from tests.infra import procs
-from tests.operator.local.conftest import plrl, plrl_argv, plrl_env, write_job
+from tests.operator.local.conftest import SMALL_JOB, plrl, plrl_argv, plrl_env, write_job
 
 pytestmark = pytest.mark.slow
 
@@ -80,6 +81,32 @@ def test_conventional_run_alternates_with_no_lag(tmp_path: pathlib.Path, run_dir
     assert summary["lag_max"] == 0 and summary["mixed_version_samples"] == 0
     a = _accounting(run_dir)
     assert a.issued == a.trained == 3 * 16 // 4
+
+
+def test_a_run_with_every_lag_compensation_option_applies_each(
+    tmp_path: pathlib.Path, run_dir: pathlib.Path
+) -> None:
+    """staleWeight, behaviourKL and delayCompensation reach the trainer of a real pipelined run: each
+    leaves its trace in the step records (stale samples weighted, the KL penalty's estimate, the lag
+    the delay-compensated step corrected for)."""
+    job = write_job(
+        tmp_path / "job.yaml",
+        training={
+            **SMALL_JOB["spec"]["training"],
+            "delayCompensation": 0.5,
+            "loss": {"staleWeight": 0.3, "behaviourKL": 0.1},
+        },
+    )
+    r = plrl("run", str(job), "--run-dir", str(run_dir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = report.read_records(run_dir)
+    assert len(rows) == 8 and all(math.isfinite(row.loss) for row in rows)
+    lagged = [row for row in rows if row.lag_mean > 0]
+    assert lagged, "the pipeline trained nothing stale: nothing to compensate"
+    assert any((row.details.get("dc_lag") or 0) >= 1 for row in rows)
+    assert any((row.details.get("lag/samples_stale") or 0) > 0 for row in lagged)
+    assert all((row.details.get("kl_k3") or 0) >= 0 for row in rows)
+    assert any((row.details.get("kl_k3") or 0) > 0 for row in lagged)
 
 
 def test_interrupted_run_resumes_from_its_last_checkpoint(
