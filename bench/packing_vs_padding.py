@@ -13,6 +13,8 @@ token, normalised by the batch's completion tokens) on the same model:
 - padded: the conventional way: micro-batches of `--sequences-per-micro-batch` sequences in batch
   order (default: as many as hold about `--tokens-per-micro-batch` real tokens on average), each
   right-padded to its longest sequence, with an attention mask; the same loss, pads masked out.
+  `--group-by-length` sorts the sequences by length first (like transformers' `group_by_length`), the
+  strongest padding baseline: it pads least, at the price of batches that are not random samples.
 
 Before timing, the two batch losses are computed under the same weights and printed: they must agree
 (same sequences, same loss), or the comparison is void. After one untimed warm-up step of each (it
@@ -28,15 +30,19 @@ repeats, and the headline ratios as the median (min-max) of per-repeat ratios.
 
 Fairness on CPU: sdpa over a packed row computes the dense T x T score product and masks it to block
 diagonal (see bench/packed_micro_batches.py), whereas flash-attention on GPU (varlen) costs only the
-blocks; a padded micro-batch of B rows of width W costs B x W x W. So packing pays for attention
-between sequences it never uses, and the row size matters: the table shows the attention scores
-each way computes. Linear layers, by contrast, cost per computed token, where padding pays for its
-pad tokens. With a tiny model (hidden 256) attention is a large share of the work; in a real LLM the
-linear layers and the vocabulary-sized logits dominate, which favours packing more.
+diagonal blocks; a padded micro-batch of B rows of width W costs B x W x W. So on CPU packing pays
+for attention between sequences that never see each other, more the longer its rows: the table
+shows the attention scores each way computes. Linear layers and logits, by contrast, cost per
+computed token, and there padding pays for its pad tokens. The default rows of 2048 tokens (twice
+L) against padded micro-batches holding about as many real tokens keep the dense-attention penalty
+small; rows of 4096 (`--tokens-per-micro-batch 4096`) more than double packing's attention scores
+and, with this small model (hidden 256, where attention is a large share of the work), make packing
+slower on CPU although it still uses less memory. A real LLM with a real vocabulary spends far more
+per computed token, so there padding costs more than here.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/packing_vs_padding.py   # defaults below, about 2 minutes
+    OMP_NUM_THREADS=1 .venv/bin/python bench/packing_vs_padding.py   # the defaults: 2-3 minutes on 2 cores
     OMP_NUM_THREADS=1 .venv/bin/python bench/packing_vs_padding.py --lengths log-uniform \
-        --tokens-per-micro-batch 2048 --repeats 5
+        --tokens-per-micro-batch 4096 --group-by-length --repeats 5
 """
 
 from __future__ import annotations
@@ -264,12 +270,17 @@ def main() -> int:
     ap.add_argument("--max-len", type=int, default=1024, help="longest sequence: the claim's L")
     ap.add_argument("--lengths", choices=["uniform", "log-uniform"], default="uniform")
     ap.add_argument("--prompt-tokens", type=int, default=32, help="prompt tokens of every sequence")
-    ap.add_argument("--tokens-per-micro-batch", type=int, default=4096, help="packed row capacity")
+    ap.add_argument(
+        "--tokens-per-micro-batch", type=int, default=2048, help="packed row capacity (see the docstring)"
+    )
     ap.add_argument(
         "--sequences-per-micro-batch",
         type=int,
         default=0,
         help="padded micro-batch size; 0: tokens-per-micro-batch / mean length, rounded",
+    )
+    ap.add_argument(
+        "--group-by-length", action="store_true", help="padded: sort sequences by length before batching"
     )
     ap.add_argument("--loss", default="reinforce_tis", choices=sorted(losses.REGISTRY))
     ap.add_argument("--hidden", type=int, default=256, help="model width (head_dim stays 64)")
@@ -321,7 +332,8 @@ def main() -> int:
         1, round(args.tokens_per_micro_batch / statistics.mean(lengths))
     )
     packed = packing.plan(seqs, 1, args.tokens_per_micro_batch)[0]
-    padded = pad_batches(seqs, per_mb, tiny.vocabulary()[tiny.PAD])
+    in_order = sorted(seqs, key=len, reverse=True) if args.group_by_length else seqs
+    padded = pad_batches(in_order, per_mb, tiny.vocabulary()[tiny.PAD])
     # Per micro-batch: computed positions and attention scores (per head and layer) the dense kernel forms.
     shape: dict[str, list[tuple[int, int]]] = {
         PACKED: [(1, mb.num_tokens) for mb in packed],
@@ -368,6 +380,7 @@ def main() -> int:
                 flush=True,
             )
 
+    grouped = " grouped by length" if args.group_by_length else ""
     mem_kind = "max_memory_allocated" if device.type == "cuda" else f"RSS sampled every {args.sample_ms:g} ms"
     print(
         f"{args.sequences} sequences of {args.min_len}-{args.max_len} tokens ({args.lengths}, mean "
@@ -377,7 +390,7 @@ def main() -> int:
     )
     print(
         f"packed: {len(packed)} rows of <= {args.tokens_per_micro_batch} tokens; padded: {len(padded)} "
-        f"micro-batches of {per_mb} sequences; median (min-max) of {args.repeats} repeats; "
+        f"micro-batches of {per_mb} sequences{grouped}; median (min-max) of {args.repeats} repeats; "
         f"peak memory = {mem_kind}, above the step's start"
     )
     head = (
