@@ -111,7 +111,11 @@ class WeightSyncExtension:
                 return
             self.plrl_leave_group()
         device = "cpu" if group.backend == "gloo" else str(worker.device)
-        self._plrl_receiver = receiver.WeightReceiver(member, device)
+        # Reused buffers are safe here: vLLM's layerwise reload holds a received tensor only until
+        # its layer is complete, then copies it into the layer's own storage (loader, repacking,
+        # `_copy_and_restore_kernel_tensors`), so nothing of a version is referenced once
+        # `reload_weights` returns, and the next version may be received into the same buffers.
+        self._plrl_receiver = receiver.WeightReceiver(member, device, reuse_buffers=True)
 
     def plrl_receive_weights(self, ann: protocol.Announcement) -> None:
         """Receive the broadcast `ann` announces and reload it, one tensor at a time."""
