@@ -159,8 +159,7 @@ def pad_batches(seqs: list[packing.TrainSequence], per_mb: int, pad_id: int) -> 
 def padded_loss(model: torch.nn.Module, pb: PaddedBatch, cfg: step.RLConfig) -> torch.Tensor:
     """`step.rl_step`'s computation on a padded batch: same log-probabilities, same registered loss."""
     out = model(input_ids=pb.input_ids, attention_mask=pb.attention_mask, use_cache=False)
-    logits = out.logits.flatten(0, 1).float() / cfg.temperature
-    logprobs = logits.gather(-1, pb.target_ids[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    logprobs = step.sampled_logprobs(out.logits.flatten(0, 1), pb.target_ids, cfg.temperature)
     inputs = losses.LossInputs(
         logprobs=logprobs,
         behaviour_logprobs=pb.behaviour_logprobs,

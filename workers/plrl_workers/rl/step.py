@@ -131,12 +131,17 @@ def token_logprobs(model: torch.nn.Module, mb: packing.MicroBatch, temperature: 
 
     `use_cache=False` is what makes restarting position ids isolate the packed sequences.
     """
+    out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False)
+    return sampled_logprobs(out.logits[0], mb.target_ids, temperature)
+
+
+def sampled_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[T] log-probability of `targets` under log_softmax(logits / temperature), logits [T, V]."""
     if temperature < sampling.GREEDY_EPS:
         temperature = 1.0
-    out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False)
-    logits = out.logits[0].float() / temperature
-    picked = logits.gather(-1, mb.target_ids[:, None])[:, 0]
-    result: torch.Tensor = picked - torch.logsumexp(logits, dim=-1)
+    scaled = logits.float() / temperature
+    picked = scaled.gather(-1, targets[:, None])[:, 0]
+    result: torch.Tensor = picked - torch.logsumexp(scaled, dim=-1)
     return result
 
 
