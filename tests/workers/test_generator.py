@@ -644,6 +644,29 @@ def test_a_pull_the_coordinator_died_during_ends_in_a_reconnect_not_a_crash(star
     rig.train_until(2, what="groups for the revived coordinator")
 
 
+def test_a_coordinator_replaced_while_the_generator_was_still_starting_ends_in_a_reconnect(
+    start: Start,
+) -> None:
+    """Seen once in CI (a generator restarted for no fault of its own): trainer rank 0 died while a
+    generator was still starting, registered at v7 and pulling weights not yet published. With no
+    control stream yet nothing told it the coordinator was gone: it asked the successor (resumed at
+    v3) for v7 until its pull timeout, then crashed and was charged a restart. The coordinator's
+    session tells it that the one answering is another: it registers anew and takes v3."""
+    rig = start(1000, buffer_groups=4, submit_wait_s=0.05)
+    saved = rig.coord.export_state()
+    ahead = dict(saved, weight_version=7)  # registers generators at v7, publishes only v5
+    revive(rig, ahead, 5, {"w": torch.ones(4, 3)}, wait=False)
+    eventually(
+        lambda: rig.stats().refused.get("UNAVAILABLE", 0) >= 2, what="the starting generator's pull refused"
+    )
+    assert rig.stats().control_streams == 0
+    revive(rig, dict(saved, weight_version=3), 3, {"w": torch.full((4, 3), 3.0)})
+    assert rig.thread.is_alive() and not rig.errors and rig.gen.reconnects == 2
+    eventually(lambda: rig.engine.weight_version == 3, what="the resumed version's weights")
+    for g in rig.train_until(2, what="groups for the second successor"):
+        assert all(s.versions.tolist() == [3] * LENGTH for s in g.samples)
+
+
 def test_an_announcement_older_than_the_loaded_weights_is_not_joined(start: Start) -> None:
     """After an aborted epoch the generator pulled the newest weights; the broadcaster re-announces
     the version it was sending, older now: the generator stays out of it instead of going back."""

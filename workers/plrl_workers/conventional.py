@@ -34,7 +34,8 @@ def run(cfg: worker_config.WorkerConfig, ident: identity.Identity, ranks: traine
     try:
         if loop.engine.version > gen.engine.weight_version:  # resumed: start from the trained weights
             gen.engine.update_weights(loop.engine.named_parameters_for_sync(), loop.engine.version)
-        gen.start()
+        if not gen.start():  # rank 0 serves the coordinator: it cannot go away while this rank lives
+            raise RuntimeError("the coordinator went away while this rank's generator started")
         while not loop.done and not stop.is_set():
             if loop.hub is not None:
                 trained = loop.hub.coord.stats().accounting.trained

@@ -83,6 +83,9 @@ LOST_STOP_WAIT_S = 2.0
 LEASE_RETRY_S = 0.5
 """How long a generator waits before asking again when the coordinator refuses a lease at its bound."""
 REGISTER_WAIT_S, REGISTER_RETRY_S = 600.0, 0.5  # registrations refused at the coordinator's bounds
+# What a call answers when the coordinator went away (killed: UNAVAILABLE; its server stopping:
+# CANCELLED) or is at its bound on open calls (RESOURCE_EXHAUSTED): ask again, not crash.
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 @dataclasses.dataclass
@@ -127,6 +130,7 @@ class Generator:
         # Set by the control stream's reader when the stream broke: read by a pull in progress,
         # which would otherwise wait for a version the coordinator's successor may never publish.
         self._down = threading.Event()
+        self._session = ""  # the coordinator's this generator registered with
         self.reconnects = 0
         self._in_weight_group = False
         self.refused = 0
@@ -274,21 +278,27 @@ class Generator:
             except grpc.RpcError as err:
                 if self._stop.is_set():
                     return  # asked to stop (SIGTERM): the loop ends before it decodes again
-                if self._down.is_set():
+                if self._down.is_set() or self._coordinator_replaced():
                     # The coordinator that asked for `version` is gone; its successor (resumed from a
                     # checkpoint) may be older and never publish it: reconnect and take its weights.
+                    # Without a control stream yet (still starting) only the session tells.
                     self._gone = f"it went away while weights v{version} were pulled"
                     return
                 # A trainer that resumed from a checkpoint registers generators at its weight version a
                 # moment before it has published those weights: UNAVAILABLE, so wait and ask again.
-                if (
-                    err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
-                    or time.monotonic() > deadline
-                ):
+                if err.code() not in _RETRYABLE or time.monotonic() > deadline:
                     raise
                 time.sleep(PULL_RETRY_S)
         self.engine.update_weights(pulled.named_tensors, pulled.version)
         log.info("pulled full weights v%d", pulled.version)
+
+    def _coordinator_replaced(self) -> bool:
+        """Whether the coordinator answering now is another than the one this generator registered
+        with (trainer rank 0 restarted). False while none answers: it may still come back."""
+        try:
+            return self.coord.status().session != self._session
+        except grpc.RpcError:
+            return False
 
     # -------------------------------------------------------------- rollouts
 
@@ -396,10 +406,12 @@ class Generator:
 
     # -------------------------------------------------------------- main loop
 
-    def start(self) -> None:
-        """Register, catch up on weights, open the control and rollout streams."""
+    def start(self) -> bool:
+        """Register, catch up on weights, open the control and rollout streams. False (and `gone`
+        set) when the coordinator went away meanwhile: nothing is open, and `run` reconnects."""
         self._down.clear()  # a new session: the last one's stream was closed by `close()`
         reg = self._register()
+        self._session = reg.session
         if reg.samples_per_prompt != self.g:
             raise RuntimeError(
                 f"coordinator expects {reg.samples_per_prompt} samples per prompt, this generator {self.g}"
@@ -410,11 +422,14 @@ class Generator:
             # A coordinator that resumed from an earlier checkpoint: decode with its weights (the
             # engine is idle after a reconnect, so it may go back a version).
             self._pull(reg.weight_version, exact=True)
+        if self._gone or self._stop.is_set():
+            return False
         self._control = self.coord.control(self.generator_id)
         threading.Thread(
             target=self._pump_control, args=(self._control,), daemon=True, name="control"
         ).start()
         self._stream = rollout_stream.RolloutStream(self.coord, on_result=self._on_result)
+        return True
 
     def _register(self) -> protocol.Registration:
         deadline = time.monotonic() + REGISTER_WAIT_S
@@ -423,12 +438,9 @@ class Generator:
                 return self.coord.register(self.generator_id)
             except grpc.RpcError as err:
                 # At its bound on open calls, or on registered generators that all work: someone
-                # floods it, or a generator that is leaving still holds its place. Ask again.
-                if (
-                    err.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED
-                    or time.monotonic() > deadline
-                    or self._stop.is_set()
-                ):
+                # floods it, or a generator that is leaving still holds its place. Or it died
+                # during the call (a listening successor is waited for). Ask again.
+                if err.code() not in _RETRYABLE or time.monotonic() > deadline or self._stop.is_set():
                     raise
                 log.warning("registration refused, retrying: %s", err.details())
                 time.sleep(REGISTER_RETRY_S)
@@ -475,7 +487,8 @@ class Generator:
         self.reconnects += 1
 
     def _run_session(self, capacity: int) -> None:
-        self.start()
+        if not self.start():
+            return
         try:
             while not self._stop.is_set():
                 if not self._handle_events():

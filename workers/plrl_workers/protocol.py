@@ -178,6 +178,8 @@ class Stats:
     """Source exhausted and every issued prompt trained or dropped."""
     leases_migrated: int = 0
     """Leases moved from slow generators to their peers (`Coordinator.migrate_from_slow`)."""
+    session: str = ""
+    """The coordinator's, as in `Registration.session`: a restarted trainer rank 0 has a new one."""
 
 
 @dataclasses.dataclass(frozen=True)

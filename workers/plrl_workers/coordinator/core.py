@@ -680,6 +680,7 @@ class Coordinator:
                 leases_expired=self._expired,
                 leases_revoked=self._revoked,
                 leases_migrated=self._migrated,
+                session=self._session,
                 refused=dict(self._refused),
                 source_exhausted=self._source_exhausted,
                 finished=self._finished_locked(),

@@ -245,7 +245,7 @@ class Accounting(_message.Message):
     def __init__(self, issued: _Optional[int] = ..., trained: _Optional[int] = ..., dropped_by_lag: _Optional[int] = ..., leased: _Optional[int] = ..., requeued: _Optional[int] = ..., buffered: _Optional[int] = ..., in_training: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("accounting", "weight_version", "buffer_capacity", "generators", "control_streams", "leases_expired", "leases_revoked", "refused", "source_exhausted", "finished", "leases_migrated")
+    __slots__ = ("accounting", "weight_version", "buffer_capacity", "generators", "control_streams", "leases_expired", "leases_revoked", "refused", "source_exhausted", "finished", "leases_migrated", "session")
     class RefusedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +264,7 @@ class StatusReply(_message.Message):
     SOURCE_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     LEASES_MIGRATED_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     accounting: Accounting
     weight_version: int
     buffer_capacity: int
@@ -275,4 +276,5 @@ class StatusReply(_message.Message):
     source_exhausted: bool
     finished: bool
     leases_migrated: int
-    def __init__(self, accounting: _Optional[_Union[Accounting, _Mapping]] = ..., weight_version: _Optional[int] = ..., buffer_capacity: _Optional[int] = ..., generators: _Optional[int] = ..., control_streams: _Optional[int] = ..., leases_expired: _Optional[int] = ..., leases_revoked: _Optional[int] = ..., refused: _Optional[_Mapping[str, int]] = ..., source_exhausted: _Optional[bool] = ..., finished: _Optional[bool] = ..., leases_migrated: _Optional[int] = ...) -> None: ...
+    session: str
+    def __init__(self, accounting: _Optional[_Union[Accounting, _Mapping]] = ..., weight_version: _Optional[int] = ..., buffer_capacity: _Optional[int] = ..., generators: _Optional[int] = ..., control_streams: _Optional[int] = ..., leases_expired: _Optional[int] = ..., leases_revoked: _Optional[int] = ..., refused: _Optional[_Mapping[str, int]] = ..., source_exhausted: _Optional[bool] = ..., finished: _Optional[bool] = ..., leases_migrated: _Optional[int] = ..., session: _Optional[str] = ...) -> None: ...
