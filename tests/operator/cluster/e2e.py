@@ -150,6 +150,16 @@ class Tiny:
         )
         return [str(ev["message"]) for ev in json.loads(out.stdout)["items"]]
 
+    def container_log(self, pod: str) -> str:
+        """Every run of every container of `pod` (by name, across its uids), oldest first."""
+        if self.node_state is None:
+            pytest.fail("a reused cluster: no node agent logs here")
+        files = sorted(
+            (self.node_state / "logs").glob(f"{self.namespace}_{pod}_*/*/*.log"),
+            key=lambda f: (f.stat().st_mtime, f.name),
+        )
+        return "\n".join(f.read_text(errors="replace") for f in files)
+
     def log_tails(self, lines: int = 25) -> str:
         """The last lines of every container log of this namespace's pods (the node agent's files)."""
         if self.node_state is None:

@@ -91,7 +91,10 @@ def mix_stale(
     if not 0.0 < stale_weight <= 1.0:
         raise ValueError(f"training.loss.staleWeight={stale_weight} must be in (0, 1]")
     kept = [
-        lag for row, lrow in zip(weights, lags, strict=True) for w, lag in zip(row, lrow, strict=True) if w
+        lag
+        for row, lrow in zip(weights, lags, strict=True)
+        for w, lag in zip(row, lrow, strict=True)
+        if w is not None
     ]
     if stale_weight == 1.0 or not kept:
         return weights, 0
