@@ -2,11 +2,13 @@
 
 Cases: a trainer that resumed from a checkpoint registers generators at its weight version just before
 publishing those weights, so a pull is refused UNAVAILABLE for a moment: the generator asks again and
-loads them; any other refusal (or UNAVAILABLE past the wait) is raised.
+loads them; any other refusal (or UNAVAILABLE past the wait) is raised; a refusal from another
+coordinator than the one it registered with (trainer rank 0 restarted) ends the pull in a reconnect.
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import grpc
@@ -26,9 +28,13 @@ class _Refused(grpc.RpcError):  # type: ignore[misc]  # grpc ships no stubs
 
 
 class _Coord:
-    def __init__(self, refusals: list[grpc.StatusCode]) -> None:
+    def __init__(self, refusals: list[grpc.StatusCode], session: str = "") -> None:
         self.refusals = refusals
         self.calls = 0
+        self.session = session  # the generator registered with "" (it never registered here)
+
+    def status(self) -> Any:
+        return types.SimpleNamespace(session=self.session)
 
     def pull_weights(self, generator_id: str, min_version: int = 0) -> client.PulledWeights:
         self.calls += 1
@@ -72,3 +78,14 @@ def test_unavailable_past_the_wait_is_raised(monkeypatch: pytest.MonkeyPatch) ->
     coord = _Coord([grpc.StatusCode.UNAVAILABLE] * 5)
     with pytest.raises(grpc.RpcError):
         _generator(coord)._pull(10)
+
+
+def test_a_refusal_by_a_restarted_coordinator_ends_the_pull_in_a_reconnect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(generator, "PULL_RETRY_S", 0.01)
+    coord = _Coord([grpc.StatusCode.UNAVAILABLE] * 5, session="successor")
+    gen = _generator(coord)
+    gen._pull(10)
+    assert coord.calls == 1 and gen.engine.weight_version == 0
+    assert "went away while weights v10 were pulled" in gen._gone
