@@ -26,6 +26,9 @@ class _Refused(grpc.RpcError):  # type: ignore[misc]  # grpc ships no stubs
     def code(self) -> grpc.StatusCode:
         return self._code
 
+    def details(self) -> str:
+        return str(self._code.name)
+
 
 class _Coord:
     def __init__(self, refusals: list[grpc.StatusCode], session: str = "") -> None:
@@ -89,3 +92,20 @@ def test_a_refusal_by_a_restarted_coordinator_ends_the_pull_in_a_reconnect(
     gen._pull(10)
     assert coord.calls == 1 and gen.engine.weight_version == 0
     assert "went away while weights v10 were pulled" in gen._gone
+
+
+def test_a_refused_pull_asks_whose_session_it_is_at_most_every_few_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(generator, "PULL_RETRY_S", 0.01)
+    coord = _Coord([grpc.StatusCode.UNAVAILABLE] * 5)
+    asked: list[float] = []
+    status = coord.status
+
+    def counted_status() -> Any:
+        asked.append(0.0)
+        return status()
+
+    monkeypatch.setattr(coord, "status", counted_status)
+    _generator(coord)._pull(10)
+    assert coord.calls == 6 and len(asked) == 1

@@ -38,7 +38,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -53,12 +54,15 @@ from plrl_workers.tasks import rewards
 from plrl_workers.weight_sync import groups
 
 log = logging.getLogger("plrl.generator")
+_T = TypeVar("_T")
 
 # Groups waiting for the coordinator before this generator stops leasing more prompts. Each waiting
 # group is trained later, so the limit is also capped at half an optimizer batch (see `build`):
 # with B = 2 groups, 8 waiting groups were 4 batches of extra lag, enough to exceed maxLag.
 MAX_UNACKED_GROUPS = 8
 PULL_WAIT_S, PULL_RETRY_S = 120.0, 0.5  # how long a pull waits for weights that are not published yet
+SESSION_CHECK_S = 2.0
+"""How often a refused pull asks the coordinator whether it is still the one registered with."""
 
 # Asked to stop (SIGTERM), a generator waits this long for the coordinator to take the groups it
 # still holds. A stalled trainer would keep refusing them (full buffer) for ever; their leases expire
@@ -270,25 +274,36 @@ class Generator:
         """Load the full weights of `version` or newer (`exact`: also when older than the engine's)."""
         if version <= self.engine.weight_version and version != 0 and not exact:
             return
-        deadline = time.monotonic() + PULL_WAIT_S
-        while True:
-            try:
-                pulled = self.coord.pull_weights(self.generator_id, min_version=version)
-                break
-            except grpc.RpcError as err:
-                if self._stop.is_set():
-                    return  # asked to stop (SIGTERM): the loop ends before it decodes again
-                if self._down.is_set() or self._coordinator_replaced():
-                    # The coordinator that asked for `version` is gone; its successor (resumed from a
-                    # checkpoint) may be older and never publish it: reconnect and take its weights.
-                    # Without a control stream yet (still starting) only the session tells.
-                    self._gone = f"it went away while weights v{version} were pulled"
-                    return
-                # A trainer that resumed from a checkpoint registers generators at its weight version a
-                # moment before it has published those weights: UNAVAILABLE, so wait and ask again.
-                if err.code() not in _RETRYABLE or time.monotonic() > deadline:
-                    raise
-                time.sleep(PULL_RETRY_S)
+        asked_session_at = -SESSION_CHECK_S
+
+        def abandon(err: grpc.RpcError) -> bool:
+            nonlocal asked_session_at
+            if self._stop.is_set():
+                return True  # asked to stop (SIGTERM): the loop ends before it decodes again
+            # Without a control stream yet (still starting) only the session tells whether the
+            # coordinator was replaced; asking it on every retry would double the calls.
+            replaced = False
+            if time.monotonic() - asked_session_at >= SESSION_CHECK_S:
+                asked_session_at = time.monotonic()
+                replaced = self._coordinator_replaced()
+            if self._down.is_set() or replaced:
+                # The coordinator that asked for `version` is gone; its successor (resumed from a
+                # checkpoint) may be older and never publish it: reconnect and take its weights.
+                self._gone = f"it went away while weights v{version} were pulled"
+                return True
+            return False
+
+        # A trainer that resumed from a checkpoint registers generators at its weight version a
+        # moment before it has published those weights: UNAVAILABLE, so wait and ask again.
+        pulled = self._retrying(
+            lambda: self.coord.pull_weights(self.generator_id, min_version=version),
+            "pull",
+            PULL_WAIT_S,
+            PULL_RETRY_S,
+            abandon,
+        )
+        if pulled is None:
+            return
         self.engine.update_weights(pulled.named_tensors, pulled.version)
         log.info("pulled full weights v%d", pulled.version)
 
@@ -407,10 +422,13 @@ class Generator:
     # -------------------------------------------------------------- main loop
 
     def start(self) -> bool:
-        """Register, catch up on weights, open the control and rollout streams. False (and `gone`
-        set) when the coordinator went away meanwhile: nothing is open, and `run` reconnects."""
+        """Register, catch up on weights, open the control and rollout streams. False when asked to
+        stop meanwhile, or (with `gone` set) when the coordinator went away meanwhile: nothing is
+        open then, and `run` reconnects or returns."""
         self._down.clear()  # a new session: the last one's stream was closed by `close()`
         reg = self._register()
+        if reg is None:
+            return False
         self._session = reg.session
         if reg.samples_per_prompt != self.g:
             raise RuntimeError(
@@ -431,19 +449,43 @@ class Generator:
         self._stream = rollout_stream.RolloutStream(self.coord, on_result=self._on_result)
         return True
 
-    def _register(self) -> protocol.Registration:
-        deadline = time.monotonic() + REGISTER_WAIT_S
+    def _register(self) -> protocol.Registration | None:
+        """None when asked to stop while registrations are refused."""
+        # Refused at its bound on open calls, or on registered generators that all work (someone
+        # floods it, or a generator that is leaving still holds its place), or it died during the
+        # call (a listening successor is waited for): ask again.
+        return self._retrying(
+            lambda: self.coord.register(self.generator_id),
+            "registration",
+            REGISTER_WAIT_S,
+            REGISTER_RETRY_S,
+            lambda err: self._stop.is_set(),
+        )
+
+    def _retrying(
+        self,
+        call: Callable[[], _T],
+        what: str,
+        wait_s: float,
+        retry_s: float,
+        abandon: Callable[[grpc.RpcError], bool],
+    ) -> _T | None:
+        """`call()`, asked again every `retry_s` while the coordinator refuses it with a retryable
+        code, for up to `wait_s`; None once `abandon(refusal)` says the answer is no longer wanted."""
+        deadline = time.monotonic() + wait_s
+        warned = False
         while True:
             try:
-                return self.coord.register(self.generator_id)
+                return call()
             except grpc.RpcError as err:
-                # At its bound on open calls, or on registered generators that all work: someone
-                # floods it, or a generator that is leaving still holds its place. Or it died
-                # during the call (a listening successor is waited for). Ask again.
-                if err.code() not in _RETRYABLE or time.monotonic() > deadline or self._stop.is_set():
+                if abandon(err):
+                    return None
+                if err.code() not in _RETRYABLE or time.monotonic() > deadline:
                     raise
-                log.warning("registration refused, retrying: %s", err.details())
-                time.sleep(REGISTER_RETRY_S)
+                if not warned:
+                    log.warning("%s refused, asking again for up to %.0f s: %s", what, wait_s, err.details())
+                    warned = True
+                time.sleep(retry_s)
 
     def _decode(self) -> None:
         t0 = time.perf_counter()
