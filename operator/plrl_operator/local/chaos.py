@@ -128,6 +128,11 @@ class Injected(pydantic.BaseModel):
     fault: Fault
     step: int | None = pydantic.Field(description="The job's step when it fired; None before the first.")
     elapsed_s: float = pydantic.Field(description="Seconds since the chaos started.")
+    target_starting: bool = pydantic.Field(
+        default=False,
+        description="The target had sent no heartbeat since it (re)started, so a stop is judged by "
+        "`heartbeat.startupTimeoutSeconds`, not by the heartbeat timeout.",
+    )
 
 
 # ------------------------------------------------------------------ parsing (pure)
@@ -346,15 +351,18 @@ class Schedule:
         self.injected: list[Injected] = []
         """Every fault fired so far, in order, with the step and time it fired at."""
 
-    def due(self, step: int | None, elapsed_s: float) -> list[Action]:
+    def due(
+        self, step: int | None, elapsed_s: float, starting: Callable[[str], bool] = lambda _: False
+    ) -> list[Action]:
         """The actions to apply now. `step` is the job's latest training step (None before the
-        first); a step trigger fires once the step reaches it, even if the step jumped past."""
+        first); a step trigger fires once the step reaches it, even if the step jumped past.
+        `starting(target)`: whether the target is still starting (recorded with the fault)."""
         if self._ended:
             return []
         actions: list[Action] = []
         for f in [f for f in self._pending if _reached(f, step, elapsed_s)]:
             self._pending.remove(f)
-            actions.append(self._fire(f, step, elapsed_s))
+            actions.append(self._fire(f, step, elapsed_s, starting(f.target)))
         for target, ends in list(self._stops.items()):
             self._stops[target] = [e for e in ends if e > elapsed_s + _EPS]
             if not self._stops[target]:
@@ -400,8 +408,8 @@ class Schedule:
             actions += self.forget(target)
         return actions
 
-    def _fire(self, f: Fault, step: int | None, elapsed_s: float) -> Action:
-        self.injected.append(Injected(fault=f, step=step, elapsed_s=elapsed_s))
+    def _fire(self, f: Fault, step: int | None, elapsed_s: float, starting: bool) -> Action:
+        self.injected.append(Injected(fault=f, step=step, elapsed_s=elapsed_s, target_starting=starting))
         announce = "chaos: " + f.describe(f"step {step}" if f.step is not None else f"t={elapsed_s:.1f}s")
         if f.kind is Kind.KILL:
             self.forget(f.target)  # nothing to continue: the process it slowed or stopped is gone

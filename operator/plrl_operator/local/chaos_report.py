@@ -35,6 +35,8 @@ class FaultCost:
     """None: no step was trained after the restart (the run ended first)."""
     throughput_lost: float | None
     """None: no step was trained in the window before the fault (nothing to compare with)."""
+    target_starting: bool = False
+    """The target had sent no heartbeat since it (re)started when the fault hit it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +95,8 @@ def fault_costs(doc: dict[str, Any], window_s: float = WINDOW_S) -> list[FaultCo
             recovery = trained[0] - at if trained else None
         before = _steps_between(progress, at - window_s, at)
         lost = None if before == 0 else max(0.0, 1.0 - _steps_between(progress, at, at + window_s) / before)
-        out.append(FaultCost(fault["kind"], fault["target"], at, detection, recovery, lost))
+        starting = bool(item.get("target_starting", False))
+        out.append(FaultCost(fault["kind"], fault["target"], at, detection, recovery, lost, starting))
     return out
 
 

@@ -368,6 +368,15 @@ class Controller:
         r = self.sup.running.get(name)
         return r.proc.pid if r is not None and r.proc.poll() is None else None
 
+    def _starting(self, name: str) -> bool:
+        """Whether process `name` has not renewed its heartbeat since it (re)started."""
+        r = self.sup.running.get(name)
+        if r is None:
+            return False
+        lease = _lease(self.launch.run_dir, name)
+        started = datetime.datetime.fromtimestamp(r.started_wall, datetime.UTC)
+        return not health.has_beaten(health.Beat(name, True, started, lease.renewed if lease else None))
+
     def _inject(self, actions: Sequence[chaos.Action]) -> None:
         for action in actions:
             chaos.apply(action, self._pid)
@@ -414,7 +423,7 @@ class Controller:
                 if self.autoscaler is not None and not verdict.decisions:
                     # A fault due at this step must hit the process it was meant for, not its successor.
                     if self.faults is not None:
-                        self._inject(self.faults.due(step, time.monotonic() - self._t0))
+                        self._inject(self.faults.due(step, time.monotonic() - self._t0, self._starting))
                     self._autoscale(rows)
                 next_look = time.monotonic() + LOOK_EVERY_S
             time.sleep(self._tick())
@@ -425,7 +434,7 @@ class Controller:
         if self.faults is None:
             return until_look
         elapsed = time.monotonic() - self._t0
-        self._inject(self.faults.due(self._step, elapsed))
+        self._inject(self.faults.due(self._step, elapsed, self._starting))
         at = self.faults.next_at(elapsed)
         return until_look if at is None else min(until_look, max(0.005, at - elapsed))
 

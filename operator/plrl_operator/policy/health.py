@@ -48,13 +48,18 @@ class Beat:
     """Its last heartbeat (Lease renewTime); None if it never renewed one."""
 
 
+def has_beaten(beat: Beat) -> bool:
+    """Whether this incarnation has renewed its heartbeat at least once (else it is still starting)."""
+    # A renewal older than this incarnation belongs to its predecessor and says nothing about it.
+    return beat.renewed is not None and (beat.started is None or beat.renewed >= beat.started)
+
+
 def classify(
     beat: Beat, now: datetime.datetime, timeout_s: float, startup_timeout_s: float | None = None
 ) -> Health:
     if not beat.running:
         return Health.EXITED
-    # A renewal older than this incarnation belongs to its predecessor and says nothing about it.
-    if beat.renewed is None or (beat.started is not None and beat.renewed < beat.started):
+    if beat.renewed is None or not has_beaten(beat):
         if startup_timeout_s is not None and starting_for(beat, now) > startup_timeout_s:
             return Health.STUCK_STARTING
         return Health.STARTING

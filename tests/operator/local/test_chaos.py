@@ -189,6 +189,15 @@ def test_a_kill_fires_once_when_its_step_is_reached() -> None:
     assert [(i.fault.target, i.step, i.elapsed_s) for i in s.injected] == [("generator-0", 20, 51.0)]
 
 
+def test_a_fault_records_whether_its_target_was_still_starting() -> None:
+    s = _schedule("stop:generator-0@step=2:10s,stop:generator-1@step=2:10s")
+    s.due(2, 5.0, starting=lambda target: target == "generator-1")
+    assert [(i.fault.target, i.target_starting) for i in s.injected] == [
+        ("generator-0", False),
+        ("generator-1", True),
+    ]
+
+
 def test_a_step_trigger_fires_when_the_step_jumps_past_it() -> None:
     s = _schedule("kill:generator-0@step=20,kill:generator-1@step=22")
     assert [a.announce for a in s.due(25, 5.0)] == [

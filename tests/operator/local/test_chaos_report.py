@@ -45,3 +45,10 @@ def test_a_resume_from_an_earlier_checkpoint_is_not_counted_as_progress() -> Non
         "kill trainer   injected 1, restarted 1; medians (min-max): detection 0.5 (0.5-0.5) s; "
         "training again after 20.0 (20.0-20.0) s; throughput lost (20 s after vs before) 56% (56%-56%)"
     )
+
+
+def test_a_fault_on_a_target_still_starting_says_so_and_older_files_read_as_running() -> None:
+    doc = {**DOC, "injected": [{**_fault("stop", "generator-1", 30.0), "target_starting": True}]}
+    (stop,) = chaos_report.fault_costs(doc, window_s=10.0)
+    assert stop.target_starting
+    assert not chaos_report.fault_costs(DOC, window_s=10.0)[0].target_starting
