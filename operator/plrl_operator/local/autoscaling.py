@@ -9,7 +9,6 @@ Neighbours: `local.runner` (reads the files, applies the decisions), `policy.aut
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime
 import json
@@ -21,7 +20,6 @@ from plrl_api import spec as spec_mod
 from plrl_operator.policy import autoscale_loop, autoscaler, types
 
 DECISIONS_FILE = "autoscale.json"
-LOOKS_KEPT = 50  # the latest looks written to DECISIONS_FILE
 """In the run directory: every change the autoscaler made, with its reason."""
 
 
@@ -31,10 +29,6 @@ class LocalAutoscaler(autoscale_loop.AutoscaleLoop):
 
     made_at_wall: list[str] = dataclasses.field(default_factory=list)
     """When each change was made, as UTC wall time (ISO 8601): to be set beside the workers' logs."""
-    looks: collections.deque[dict[str, object]] = dataclasses.field(
-        default_factory=lambda: collections.deque(maxlen=LOOKS_KEPT)
-    )
-    """What the latest looks said, changes or not: why I did (not) move."""
 
     @classmethod
     def for_job(cls, job: spec_mod.JobSpec) -> LocalAutoscaler:
@@ -54,11 +48,7 @@ class LocalAutoscaler(autoscale_loop.AutoscaleLoop):
         for r in rows:
             self.feed(r.step, generators, generator_capacities, r.completion_tokens_per_busy_second)
         recent = sorted(r.step_s for r in rows[-10:])
-        before = self.last
-        change = self.look(generators, recent[len(recent) // 2] if recent else None)
-        if self.last is not None and self.last is not before:
-            self.looks.append(self.last.to_dict())
-        return change
+        return self.look(generators, recent[len(recent) // 2] if recent else None)
 
     def applied(self, when: float, reached: int) -> None:
         super().applied(when, reached)
@@ -76,7 +66,7 @@ class LocalAutoscaler(autoscale_loop.AutoscaleLoop):
             "changes": changes,
             "lastChangeCostSeconds": self.cost_s,
             "last": last,
-            "looks": list(self.looks),
+            "looks": [d.to_dict() for d in self.looks],
         }
         (run_dir / DECISIONS_FILE).write_text(json.dumps(doc, indent=1))
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from plrl_operator.policy import autoscaler, rates, types
 
 SAMPLES_KEPT = 500
+LOOKS_KEPT = 50  # decisions kept in `looks`: enough to say why I did (not) move over a run's end
 
 
 @dataclasses.dataclass
@@ -41,6 +42,10 @@ class AutoscaleLoop:
     timing: tuple[float, int] | None = None
     """(when, step reached) of a change whose cost is still being timed."""
     last: types.Decision | None = None
+    looks: collections.deque[types.Decision] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=LOOKS_KEPT)
+    )
+    """What the latest looks that decided anything said, changes or not: why I did (not) move."""
     high_water: int = 0
     """The highest step fed so far."""
     looked_at: int = 0
@@ -81,6 +86,7 @@ class AutoscaleLoop:
         self.looked_at = self.high_water
         obs = types.Observation(self.high_water, generators, tuple(self.samples), step_seconds, self.cost_s)
         self.last = autoscaler.decide(self.policy, self.state, obs)
+        self.looks.append(self.last)
         self.state = self.last.state
         if not self.last.changed:
             return None

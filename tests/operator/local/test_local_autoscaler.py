@@ -8,6 +8,7 @@ never runs backwards; a generator-bound job gets a change of I with a reason.
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 from plrl_api import records
@@ -50,6 +51,10 @@ def test_a_generator_bound_job_is_told_to_add_generators(tmp_path: pathlib.Path)
     a.write(tmp_path)
     written = (tmp_path / autoscaling.DECISIONS_FILE).read_text()
     assert '"elapsed_s": 12.5' in written and '"lastChangeCostSeconds": 7.0' in written
+    # Every look that decided says why, holds included; a look without new steps decides nothing.
+    looks = json.loads(written)["looks"]
+    assert [(x["step"], x["generators"]) for x in looks] == [(1, 1), (3, 2), (4, 2)], looks
+    assert all(x["reason"] for x in looks)
     assert a.summary() == "autoscaler: 1 change(s) of I: 1 -> 2 at step 3"
 
 
