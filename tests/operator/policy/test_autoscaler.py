@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+from collections.abc import Callable
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,12 +31,13 @@ class Run:
 def run_job(
     policy: autoscaler.Policy,
     start: int,
-    per_gen: float,
+    per_gen: float | Callable[[int], float],
     per_train: float,
     steps: int = 600,
     noise: float = 0.0,
     seed: int = 0,
 ) -> Run:
+    """`per_gen`: each generator's rate, or a function of the step for a job whose rate moves."""
     rng = random.Random(seed)
     state = types.AutoscalerState()
     i, samples, trace, changes = start, list[types.RateSample](), [], []
@@ -43,8 +46,9 @@ def run_job(
         def jitter() -> float:
             return 1 + rng.gauss(0, noise) if noise else 1.0
 
+        gen = per_gen(step) if callable(per_gen) else per_gen
         samples.append(
-            types.RateSample(step, i, per_gen * i * jitter(), per_train * (policy.n_gpus - i) * jitter())
+            types.RateSample(step, i, gen * i * jitter(), per_train * (policy.n_gpus - i) * jitter())
         )
         d = autoscaler.decide(policy, state, types.Observation(step, i, tuple(samples[-100:])))
         state = d.state
@@ -175,6 +179,26 @@ def test_changes_wait_for_the_cooldown_and_the_cadence() -> None:
     steps = [d.step for d in run.decisions]
     assert len(steps) >= 3
     assert all(b - a >= 30 for a, b in itertools.pairwise(steps))
+
+
+@pytest.mark.parametrize("period", [6, 40, 100])
+def test_a_job_oscillating_around_a_threshold_rescales_at_most_once_per_cooldown(period: int) -> None:
+    # The generators' rate swings +-15% around the optimum's every `period` steps (a square wave),
+    # so the ratio crosses the band's edges both ways: faster than a look, about a cool-down, slower.
+    policy = dataclasses.replace(PAPER, cooldown_steps=30)
+    steps = 900
+
+    def per_gen(step: int) -> float:
+        return GEN * (1.15 if (step // (period // 2)) % 2 else 0.85)
+
+    assert ratio(44, N, GEN * 0.85, TRAIN) > PAPER.upper_ratio  # generation short: add generators
+    assert ratio(44, N, GEN * 1.15, TRAIN) < PAPER.lower_ratio  # generation ahead: fewer
+    run = run_job(policy, start=44, per_gen=per_gen, per_train=TRAIN, steps=steps)
+    at = [d.step for d in run.decisions]
+    assert all(b - a >= policy.cooldown_steps for a, b in itertools.pairwise(at)), at
+    assert len(at) <= steps // policy.cooldown_steps
+    if period < policy.cooldown_steps:  # faster than a cool-down: the window averages it out
+        assert len(at) <= 1, at
 
 
 def test_a_step_that_would_jump_across_the_band_is_shortened() -> None:
