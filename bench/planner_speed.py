@@ -65,7 +65,7 @@ def main() -> None:
             60,
         )
         conv = functools.partial(simulator.simulate_conventional, cfg, 128)
-        row(f"simulate conventional 1000 steps (G=128), N=1024, B={b}", timed(conv), 60)
+        row(f"simulate conventional 1000 steps (R=128), N=1024, B={b}", timed(conv), 60)
         policy = autoscaler.Policy(n_gpus=1024, concurrency=p.concurrency, batch_size=b, lengths=lengths)
         noisy = simulator.SimConfig(1024, b, lengths, curve, tau=tau, steps=1000, rate_noise=0.05)
         auto = functools.partial(simulator.simulate_pipeline, noisy, 341, p.concurrency, policy)

