@@ -20,3 +20,9 @@ def assert_joined_with_weights_then_in_flight(log: str) -> None:
     v_pulled = int(re.findall(r"pulled full weights v(\d+)", lines[pulled])[0])
     v_in_flight = int(re.findall(r"weights v(\d+) applied in flight", lines[joined])[0])
     assert v_in_flight > v_pulled, (lines[pulled], lines[joined])
+
+
+def groups_carried_over(log: str) -> list[tuple[int, int]]:
+    """(finished while the coordinator was away, delivered to its successor), per restart of it."""
+    pattern = r"(\d+) group\(s\) finished while the coordinator was away: (\d+) delivered to its successor"
+    return [(int(held), int(delivered)) for held, delivered in re.findall(pattern, log)]

@@ -363,8 +363,8 @@ def test_export_and_restore_lose_and_repeat_nothing() -> None:
 
     r = coordinator.Coordinator(prompts(6), coordinator.Config(samples_per_prompt=G), state=state)
     assert r.weight_version == 1
-    r.register("z")
-    again = r.lease("z", 10).leases
+    r.register("a")  # the generator that held prompt 2 (kept for it a while: `adopt_grace_s`)
+    again = r.lease("a", 10).leases
     trained_before = {i for lo, hi in state["completed"] for i in range(lo, hi + 1)}
     assert len(trained_before) == 1
     got = [x.prompt.prompt_id for x in again]
@@ -376,6 +376,46 @@ def test_export_and_restore_lose_and_repeat_nothing() -> None:
     a = assert_balanced(r)
     assert (a.issued, a.trained) == (6, 6)
     assert r.stats().finished
+
+
+def test_a_restored_coordinator_lets_a_generator_adopt_the_prompts_it_finished_and_nothing_else() -> None:
+    """A generator finished groups for the previous coordinator: the successor keeps the prompts that
+    were leased to it for a while and leases them back to it, so they are delivered instead of decoded
+    again; a prompt already given out again, or never issued, is not leased; accounting stays exact."""
+    c = make(n=6)
+    c.lease("a", 4)  # prompts 0-3 out with "a" when the checkpoint is taken
+    state = json.loads(json.dumps(c.export_state()))
+    assert [p["holder"] for p in state["pending"]] == ["a"] * 4
+    state["pending"][0]["holder"] = ""  # say prompt 0 was re-queued before: anyone's
+    clock = Clock()
+    config = coordinator.Config(samples_per_prompt=G, adopt_grace_s=30.0)
+    r = coordinator.Coordinator(prompts(6), config, state=state, clock=clock)
+    r.register("a")
+    r.register("b")
+    # While "a" may still come back with its groups, "b" gets prompt 0 and fresh ones, not a's.
+    assert [x.prompt.prompt_id for x in r.lease("b", 2).leases] == [0, 4]
+    adopted = r.lease("a", 10, prompt_ids=[0, 2, 3, 5]).leases
+    assert sorted(x.prompt.prompt_id for x in adopted) == [2, 3]  # 0 is out with b, 5 was never issued
+    assert r.stats().leases_adopted == 2
+    for x in adopted:
+        assert r.submit(group_for(x)).ok
+    a = assert_balanced(r)
+    assert (a.issued, a.leased, a.buffered, a.requeued) == (5, 2, 2, 1)
+    # Once its holder asks for ordinary leases (it adopted what it had), the rest is anyone's.
+    assert [x.prompt.prompt_id for x in r.lease("a", 1).leases] == [1]
+    assert [x.prompt.prompt_id for x in r.lease("b", 10).leases] == [5]
+
+
+def test_prompts_kept_for_a_generator_that_does_not_come_back_are_anyones_after_the_grace() -> None:
+    c = make(n=3)
+    c.lease("a", 2)
+    clock = Clock()
+    config = coordinator.Config(samples_per_prompt=G, adopt_grace_s=30.0)
+    r = coordinator.Coordinator(prompts(3), config, state=c.export_state(), clock=clock)
+    r.register("b")
+    assert [x.prompt.prompt_id for x in r.lease("b", 10).leases] == [2]  # only the fresh one
+    clock.t += 30.0
+    assert [x.prompt.prompt_id for x in r.lease("b", 10).leases] == [0, 1]
 
 
 def test_restore_skips_prompts_the_source_repeats_after_completion() -> None:
@@ -422,6 +462,17 @@ def test_stop_ends_leasing_and_wakes_the_trainer() -> None:
     after, got_after = _take_in_a_thread(c, 4)  # a take after the stop does not wait at all
     after.join(timeout=30)
     assert got_after == [[]]
+
+
+def test_a_coordinator_stopping_for_a_restart_leases_nothing_and_does_not_say_the_job_is_over() -> None:
+    """A generator told "finished" would leave the job; this coordinator's successor has work for it."""
+    c = make(n=5)
+    channel = c.attach_control("a")
+    c.stop("the trainer is restarting", tell_generators=False)
+    assert c.lease("a", 3) == protocol.LeaseBatch([], False)
+    assert channel.empty()  # no Stop: its stream just ends, and it reconnects to the successor
+    c.stop("training finished")  # the last word: now it is over
+    assert c.lease("a", 3) == protocol.LeaseBatch([], True)
 
 
 def test_control_channels_carry_weight_announcements_to_members_only() -> None:

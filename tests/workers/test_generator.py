@@ -587,6 +587,30 @@ def test_when_its_coordinator_restarts_it_reconnects_and_decodes_with_the_resume
     assert a.balanced
 
 
+def test_what_was_in_flight_when_its_coordinator_restarted_is_finished_and_delivered_to_the_successor(
+    start: Start,
+) -> None:
+    """Trainer rank 0 restarts from a checkpoint of the version the generator decodes with (the
+    elastic restart of a change of I): the generator finishes the sequences it had in flight while
+    the coordinator is away, and the successor, which re-queued their prompts from its checkpoint,
+    leases them back to it: the groups are trained without being decoded again."""
+    rig, _ = _stalled_mid_sequence(start)
+    saved = rig.coord.export_state()
+    leased = {p["prompt_id"] for p in saved["pending"]}  # type: ignore[attr-defined]
+    assert len(leased) == rig.capacity // G
+    revive(rig, saved, 0, {"w": torch.zeros(4, 3)}, wait=False)
+    rig.engine.allow(None)  # decoding goes on while the successor starts
+    eventually(lambda: rig.coord.stats().control_streams == 1, what="the generator to reconnect")
+    taken = rig.train_until(len(leased), what="the groups finished while the coordinator was away")
+    assert {g.prompt_id for g in taken[: len(leased)]} == leased
+    assert rig.gen.adopted == len(leased) and rig.coord.stats().leases_adopted == len(leased)
+    # Not decoded again: no engine request was made under the leases they were delivered with.
+    decoded_under = {r.rpartition("#")[0] for r in rig.engine.requests}
+    assert not {g.lease_id for g in taken if g.prompt_id in leased} & decoded_under
+    assert all(s.versions.tolist() == [0] * LENGTH for g in taken for s in g.samples)
+    assert rig.coord.stats().accounting.balanced and not rig.errors
+
+
 def test_a_generator_forgotten_while_it_pulled_its_first_weights_registers_again(start: Start) -> None:
     """Found by the hostile-client test: a flood of registrations displaced a generator that had
     registered but was still loading its first weights (no lease, no control stream yet: it looked

@@ -73,6 +73,12 @@ STOP_DRAIN_S = 5.0
 # what finishes is delivered and trained, what does not goes back to the queue. With STOP_DRAIN_S
 # below `lifecycle.TERM_GRACE_S`, so a generator never has to be killed to leave.
 FINISH_IN_FLIGHT_S = 10.0
+# When its coordinator goes away (trainer rank 0 restarts: a failover, or the elastic restart of a
+# change of I), a generator decodes what it has in flight for up to this long before it reconnects,
+# and delivers the finished groups to the successor under new leases (`_adopt_held`). The successor
+# takes at least a few seconds to come back (seen: ~11 s for a CPU job's elastic restart), so this
+# work is mostly done while nothing else could be.
+CARRY_OVER_S = 30.0
 
 
 class _Gone:
@@ -124,6 +130,9 @@ class Generator:
         self.max_unacked_groups = max_unacked_groups
         self._events: queue.SimpleQueue[protocol.ControlEvent | _Gone | None] = queue.SimpleQueue()
         self._groups: dict[str, _Group] = {}
+        # Groups finished after the coordinator went away: delivered to its successor if it adopts them.
+        self._held: list[protocol.RolloutGroup] = []
+        self.adopted = 0  # held groups the successor took
         self._unacked = 0
         self._unacked_lock = threading.Lock()
         self._stop = threading.Event()
@@ -382,8 +391,10 @@ class Generator:
         return len(batch.leases)
 
     def _collect(
-        self, finished: list[engines.FinishedSequence], stream: rollout_stream.RolloutStream
+        self, finished: list[engines.FinishedSequence], stream: rollout_stream.RolloutStream | None
     ) -> None:
+        """Score finished sequences; a prompt's group, once whole, goes on `stream`, or is held for
+        the coordinator's successor when there is none (None) or it broke."""
         for seq in finished:
             lease_id, _, j = seq.request_id.rpartition("#")
             group = self._groups.get(lease_id)
@@ -404,20 +415,22 @@ class Generator:
                 self.metrics.reward.set(reward)
             if len(group.samples) == self.g:
                 del self._groups[lease_id]
-                if stream.error is not None:  # the coordinator is gone; its successor re-queues it
-                    self._gone = "the rollout stream broke"
+                whole = protocol.RolloutGroup(
+                    lease_id=lease_id,
+                    prompt_id=prompt.prompt_id,
+                    prompt_token_ids=list(prompt.token_ids),
+                    samples=[group.samples[k] for k in range(self.g)],
+                    generator_id=self.generator_id,
+                )
+                if stream is None or stream.error is not None:
+                    # The coordinator is gone; its successor re-queues the prompt, and may adopt this.
+                    if stream is not None:
+                        self._gone = "the rollout stream broke"
+                    self._held.append(whole)
                     continue
                 with self._unacked_lock:
                     self._unacked += 1
-                stream.put(
-                    protocol.RolloutGroup(
-                        lease_id=lease_id,
-                        prompt_id=prompt.prompt_id,
-                        prompt_token_ids=list(prompt.token_ids),
-                        samples=[group.samples[k] for k in range(self.g)],
-                        generator_id=self.generator_id,
-                    )
-                )
+                stream.put(whole)
 
     # -------------------------------------------------------------- main loop
 
@@ -487,7 +500,8 @@ class Generator:
                     warned = True
                 time.sleep(retry_s)
 
-    def _decode(self) -> None:
+    def _decode(self, deliver: bool = True) -> None:
+        """One engine step; finished groups are delivered (or, `deliver` False, held)."""
         t0 = time.perf_counter()
         finished = self.engine.step()
         if self.metrics is not None:
@@ -495,7 +509,7 @@ class Generator:
             self.metrics.step_seconds.observe(dt)
             self.metrics.add_decoding_seconds(dt)
             self.metrics.in_flight.set(self.engine.num_in_flight())
-        self._collect(finished, self._stream)
+        self._collect(finished, self._stream if deliver else None)
 
     def run(self, capacity: int) -> None:
         """Pipeline mode: decode until the job stops (or the prompt source is exhausted), through
@@ -505,14 +519,71 @@ class Generator:
             if not self._gone or self._stop.is_set() or self._lost:
                 return
             log.warning("the coordinator is gone (%s); reconnecting", self._gone)
+            self._carry_over()
             self._reset_session()
             # A coordinator that refuses this generator's streams at once (at its bound on open
             # calls) would otherwise be asked to register again in a tight loop.
             self._stop.wait(REGISTER_RETRY_S)
 
+    def _carry_over(self) -> None:
+        """The coordinator is gone: decode what is in flight (for at most `CARRY_OVER_S`, leasing
+        nothing) and hold the groups that finish for its successor."""
+        left = self.engine.num_in_flight()
+        if left == 0 or self._stop.is_set():
+            return
+        log.info(
+            "decoding the %d sequence(s) in flight while the coordinator is away (at most %.0f s)",
+            left,
+            CARRY_OVER_S,
+        )
+        deadline = time.monotonic() + CARRY_OVER_S
+        while self.engine.num_in_flight() > 0 and time.monotonic() < deadline and not self._stop.is_set():
+            self._decode(deliver=False)
+
+    def _adopt_held(self) -> None:
+        """Deliver the groups finished for the previous coordinator to this one, under leases of
+        their prompts (which it re-queued from its checkpoint). Those decoded with weights newer
+        than its own (it resumed from an earlier checkpoint) would be refused, and those whose
+        prompts it already leased again, trained or dropped are not wanted: they are let go, and
+        nothing is lost (the prompt is decoded again, or its work is done)."""
+        held, self._held = self._held, []
+        if not held:
+            return
+        version = self.engine.weight_version
+        usable = [g for g in held if all(int(s.versions.max(initial=0)) <= version for s in g.samples)]
+        leases: list[protocol.Lease] = []
+        if usable:
+            try:
+                batch = self.coord.lease_prompts(
+                    self.generator_id, len(usable), prompt_ids=[g.prompt_id for g in usable]
+                )
+                leases = batch.leases
+            except grpc.RpcError as err:
+                log.warning(
+                    "could not deliver the groups finished while the coordinator was away: %s", err.code()
+                )
+        lease_of = {lease.prompt.prompt_id: lease.lease_id for lease in leases}
+        for g in usable:
+            if g.prompt_id in lease_of:
+                with self._unacked_lock:
+                    self._unacked += 1
+                self._stream.put(dataclasses.replace(g, lease_id=lease_of[g.prompt_id]))
+        self.adopted += len(lease_of)
+        log.info(
+            "%d group(s) finished while the coordinator was away: %d delivered to its successor, "
+            "%d decoded with weights newer than its v%d, %d whose prompts it does not keep for this "
+            "generator (given out again, or leased after its checkpoint): decoded again, nothing lost",
+            len(held),
+            len(lease_of),
+            len(held) - len(usable),
+            version,
+            len(usable) - len(lease_of),
+        )
+
     def _reset_session(self) -> None:
-        """Forget a session whose coordinator is gone: what was decoding for it is dropped (its
-        successor re-queues those prompts), and the next `start()` registers anew."""
+        """Forget a session whose coordinator is gone: what still decodes for it is dropped (its
+        successor re-queues those prompts; finished groups are held, `_adopt_held`), and the next
+        `start()` registers anew."""
         for lease_id in list(self._groups):
             for j in range(self.g):
                 self.engine.abort(f"{lease_id}#{j}")
@@ -532,6 +603,7 @@ class Generator:
         if not self.start():
             return
         try:
+            self._adopt_held()
             while not self._stop.is_set():
                 if not self._handle_events():
                     break

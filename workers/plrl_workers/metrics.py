@@ -204,6 +204,11 @@ class _CoordinatorCollector(registry.Collector):
         leases.add_metric(["revoked"], s.leases_revoked)
         leases.add_metric(["migrated"], s.leases_migrated)  # from slow generators to their peers
         yield leases
+        yield core.CounterMetricFamily(
+            "plrl_leases_adopted",
+            "Re-queued prompts whose groups a reconnecting generator had finished (not decoded again).",
+            value=s.leases_adopted,
+        )
         refused = core.CounterMetricFamily(
             "plrl_rpc_refused", "Refused RPCs and rollout groups.", labels=["reason"]
         )

@@ -180,6 +180,9 @@ class Stats:
     """Leases moved from slow generators to their peers (`Coordinator.migrate_from_slow`)."""
     session: str = ""
     """The coordinator's, as in `Registration.session`: a restarted trainer rank 0 has a new one."""
+    leases_adopted: int = 0
+    """Re-queued prompts leased to a generator that had already finished their groups for the
+    previous coordinator (`Coordinator.lease(prompt_ids=...)`): delivered, not decoded again."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -411,7 +411,11 @@ class TrainLoop:
             log.info("stopping at step %d: %s", self.step, why)
             # Every rank gets here together (rank 0 sent them all the short batch). Asked to stop, as
             # for a resize or a suspend, the group saves the step it reached, so its successor redoes
-            # nothing; out of prompts, the last model is kept.
+            # nothing; out of prompts, the last model is kept. No lease is granted after the state
+            # is saved: a prompt leased later would be unknown to the successor, so a generator
+            # could not hand it the group it finishes meanwhile (`Coordinator.lease(prompt_ids=)`).
+            if hub is not None and not self.out_of_prompts:
+                hub.coord.stop("the trainer is restarting", tell_generators=False)
             self.save_checkpoint()
             return False
         version = engine.version

@@ -92,6 +92,13 @@ def test_an_imbalanced_job_is_rescaled_without_restarting_the_generator_that_sta
     assert resumed and int(resumed[0]) >= first["step"], (resumed, first)  # no step trained twice
     # generator-0 stays in both directions; the trainers were restarted by the resize.
     assert _acquired(run_dir, "generator-0") < _acquired(run_dir, "trainer-0")
+    # It decoded on while they restarted, and the successor (checkpointed at the step reached, after
+    # the last lease) took every group it finished meanwhile. A slowed generator always has
+    # sequences in flight; a backpressured one may have had none.
+    carried = worker_logs.groups_carried_over((run_dir / "logs" / "generator-0.log").read_text())
+    assert all(held == delivered for held, delivered in carried), carried
+    if slowed.startswith("generator"):
+        assert carried and carried[0][1] > 0, carried
     if want > start:  # the new generator joined and delivered rollouts; training went on and was timed
         assert "autoscaler: the last change of I cost " in out
         lease = json.loads((run_dir / records.HEARTBEAT_DIR / "generator-1.json").read_text())

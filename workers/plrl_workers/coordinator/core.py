@@ -110,6 +110,11 @@ class Config:
     None: issue while the source lasts."""
     closed_lease_memory: int = 100_000
     """How many finished lease ids are remembered to tell duplicates/late returns from unknown ones."""
+    adopt_grace_s: float = 60.0
+    """After a restore, a prompt that was leased when the state was saved is leased to no other
+    generator for this long, or until its holder has registered and asked for ordinary leases: the
+    holder finishes what it had in flight while the coordinator was away (`generator.CARRY_OVER_S`)
+    and adopts those prompts to deliver it."""
 
 
 class Coordinator:
@@ -138,6 +143,7 @@ class Coordinator:
         self._source = source
         self._source_exhausted = False
         self._stopping = False
+        self._restarting = False  # stopping, and a successor takes over: the job is not over
         self._version = 0
         self._next_index = 0
         self._issued = self._trained = self._dropped = 0
@@ -146,6 +152,9 @@ class Coordinator:
         self._completed = restart.IdRanges()
         self._pending: dict[int, protocol.Prompt] = {}  # issued, not yet trained or dropped
         self._queue: collections.deque[protocol.Prompt] = collections.deque()  # re-queued prompts
+        # Restored prompts kept for the generator that held them (`Config.adopt_grace_s`): id -> holder.
+        self._reserved: dict[int, str] = {}
+        self._reserved_until = 0.0
         self._leases: dict[str, protocol.Lease] = {}
         self._deadlines: list[tuple[float, str]] = []  # heap; stale entries skipped
         self._closed: collections.OrderedDict[str, str] = collections.OrderedDict()  # lease id -> outcome
@@ -163,7 +172,7 @@ class Coordinator:
         self._slow: dict[str, tuple[float, float, float]] = {}
         self._registrations = itertools.count(1)
         self._control = control.ControlHub()
-        self._expired = self._revoked = self._displaced = 0
+        self._expired = self._revoked = self._displaced = self._adopted = 0
         self._refused: collections.Counter[str] = collections.Counter()
         if state is not None:
             self._restore(restart.CoordinatorState.model_validate(state), skip_source)
@@ -276,23 +285,36 @@ class Coordinator:
     # ---- leases ----------------------------------------------------------------------------
 
     def lease(
-        self, generator_id: str, max_prompts: int, wait_s: float = 0.0, incarnation: str | None = None
+        self,
+        generator_id: str,
+        max_prompts: int,
+        wait_s: float = 0.0,
+        incarnation: str | None = None,
+        prompt_ids: Collection[int] = (),
     ) -> protocol.LeaseBatch:
-        """Lease up to `max_prompts` prompts (re-queued ones first), waiting up to `wait_s` for any."""
+        """Lease up to `max_prompts` prompts (re-queued ones first), waiting up to `wait_s` for any.
+
+        With `prompt_ids`, adopt: lease those of them that wait in the queue, and nothing else, at
+        once. A generator that finished their groups for this coordinator's predecessor delivers
+        them under the new leases instead of decoding them again; a prompt already leased again,
+        trained or dropped is simply not returned (its work is done or under way elsewhere)."""
+        if prompt_ids:
+            return self._adopt(generator_id, max_prompts, incarnation, set(prompt_ids))
         end = time.monotonic() + wait_s
         with self._cond:
+            self._release_reserved_locked(generator_id)  # it asks for new work: it adopted what it had
             while True:
                 # Checked on every wake-up: the generator may be replaced or declared dead meanwhile.
                 self._check_incarnation_locked(generator_id, incarnation)
                 self._expire_locked()
                 out: list[protocol.Lease] = []
                 while len(out) < max_prompts:
-                    prompt = self._next_prompt_locked()
+                    prompt = self._next_prompt_locked(generator_id)
                     if prompt is None:
                         break
                     out.append(self._grant_locked(prompt, generator_id))
                 finished = (
-                    self._stopping
+                    (self._stopping and not self._restarting)
                     or self._finished_locked()
                     or (self._source_exhausted and not self._queue and not self._leases)
                 )
@@ -304,11 +326,44 @@ class Coordinator:
                     return protocol.LeaseBatch(out, finished)
                 self._cond.wait(min(remaining, 1.0))
 
-    def _next_prompt_locked(self) -> protocol.Prompt | None:
+    def _adopt(
+        self, generator_id: str, max_prompts: int, incarnation: str | None, wanted: set[int]
+    ) -> protocol.LeaseBatch:
+        with self._cond:
+            self._check_incarnation_locked(generator_id, incarnation)
+            out: list[protocol.Lease] = []
+            waiting: collections.deque[protocol.Prompt] = collections.deque()
+            for prompt in self._queue:
+                mine = self._reserved.get(prompt.prompt_id, generator_id) == generator_id
+                if prompt.prompt_id in wanted and mine and len(out) < max_prompts and not self._stopping:
+                    out.append(self._grant_locked(prompt, generator_id))
+                    self._reserved.pop(prompt.prompt_id, None)
+                else:
+                    waiting.append(prompt)
+            self._queue = waiting
+            self._adopted += len(out)
+            return protocol.LeaseBatch(out, False)
+
+    def _release_reserved_locked(self, holder: str | None = None) -> None:
+        """End the reservations of `holder` (None: of every holder, once the grace is over)."""
+        if not self._reserved:
+            return
+        if holder is None and self._clock() < self._reserved_until:
+            return
+        self._reserved = {p: h for p, h in self._reserved.items() if holder is not None and h != holder}
+        if not self._reserved:
+            log.info("re-queued prompts kept for their previous generators are open to all")
+        self._cond.notify_all()
+
+    def _next_prompt_locked(self, generator_id: str) -> protocol.Prompt | None:
         if self._stopping:
             return None
-        if self._queue:
-            return self._queue.popleft()
+        self._release_reserved_locked()
+        for k, queued in enumerate(self._queue):
+            if self._reserved.get(queued.prompt_id, generator_id) == generator_id:
+                del self._queue[k]
+                self._reserved.pop(queued.prompt_id, None)
+                return queued
         while not self._source_exhausted and self._budget_left_locked():
             prompt = next(self._source, None)
             if prompt is None:
@@ -600,11 +655,13 @@ class Coordinator:
         (not if `tell_generators` is False: the coordinator restarts, and its generators, seeing
         their streams end, reconnect to the next one)."""
         with self._cond:
+            again = self._stopping
             self._stopping = True
+            self._restarting = not tell_generators
             self._cond.notify_all()
         if tell_generators:
             self._control.stop_all(reason)
-        else:
+        elif not again:
             log.info("stopping (%s); generators are not told to stop", reason)
 
     # ---- control streams -------------------------------------------------------------------
@@ -681,6 +738,7 @@ class Coordinator:
                 leases_revoked=self._revoked,
                 leases_migrated=self._migrated,
                 session=self._session,
+                leases_adopted=self._adopted,
                 refused=dict(self._refused),
                 source_exhausted=self._source_exhausted,
                 finished=self._finished_locked(),
@@ -689,6 +747,7 @@ class Coordinator:
     def export_state(self) -> dict[str, object]:
         """The restart record (JSON-able; see `state.CoordinatorState`)."""
         with self._cond:
+            holders = {lease.prompt.prompt_id: lease.generator_id for lease in self._leases.values()}
             record = restart.CoordinatorState(
                 weight_version=self._version,
                 next_index=self._next_index,
@@ -699,7 +758,11 @@ class Coordinator:
                 completed=self._completed.ranges(),
                 pending=[
                     restart.PendingPrompt(
-                        prompt_id=p.prompt_id, text=p.text, answer=p.answer, token_ids=p.token_ids
+                        prompt_id=p.prompt_id,
+                        text=p.text,
+                        answer=p.answer,
+                        token_ids=p.token_ids,
+                        holder=holders.get(p.prompt_id, ""),
                     )
                     for _, p in sorted(self._pending.items())
                 ],
@@ -716,6 +779,9 @@ class Coordinator:
             prompt = protocol.Prompt(p.prompt_id, p.text, p.answer, tuple(p.token_ids))
             self._queue.append(prompt)
             self._pending[p.prompt_id] = prompt
+            if p.holder:
+                self._reserved[p.prompt_id] = p.holder
+        self._reserved_until = self._clock() + self.config.adopt_grace_s
         if skip_source:
             for _ in itertools.islice(self._source, state.next_index):
                 pass

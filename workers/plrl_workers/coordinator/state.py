@@ -69,6 +69,11 @@ class PendingPrompt(pydantic.BaseModel):
     text: str
     answer: str
     token_ids: tuple[int, ...]
+    holder: str = pydantic.Field(
+        default="",
+        description="The generator its lease was with (empty: none). A restored coordinator keeps the "
+        "prompt for it a while: it may come back with the group finished (`Coordinator.lease`).",
+    )
 
 
 class CoordinatorState(pydantic.BaseModel):

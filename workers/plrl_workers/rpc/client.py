@@ -126,14 +126,18 @@ class CoordinatorClient:
             r.weight_version, r.samples_per_prompt, r.lease_timeout_s, r.session, r.incarnation
         )
 
-    def lease_prompts(self, generator_id: str, max_prompts: int, wait_s: float = 0.0) -> protocol.LeaseBatch:
-        """Leases' `deadline`s are on this process's `time.monotonic()` clock."""
+    def lease_prompts(
+        self, generator_id: str, max_prompts: int, wait_s: float = 0.0, prompt_ids: Sequence[int] = ()
+    ) -> protocol.LeaseBatch:
+        """Leases' `deadline`s are on this process's `time.monotonic()` clock. `prompt_ids`: adopt
+        exactly those prompts (`Coordinator.lease`)."""
         r = self._stub.LeasePrompts(
             pb.LeaseRequest(
                 generator_id=generator_id,
                 max_prompts=max_prompts,
                 wait_s=wait_s,
                 incarnation=self._incarnations.get(generator_id, ""),
+                prompt_ids=list(prompt_ids),
             ),
             metadata=self._md,
             timeout=self._timeout_s + wait_s,

@@ -79,7 +79,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]  # 
         n = max(1, min(request.max_prompts, MAX_PROMPTS_PER_LEASE))
         wait_s = max(0.0, min(request.wait_s, MAX_LEASE_WAIT_S))
         try:
-            batch = self._coord.lease(request.generator_id, n, wait_s, incarnation=request.incarnation)
+            batch = self._coord.lease(
+                request.generator_id,
+                n,
+                wait_s,
+                incarnation=request.incarnation,
+                prompt_ids=list(request.prompt_ids[:n]),
+            )
         except protocol.Refused as exc:
             _abort(context, self._coord, exc)
         now = self._coord.now()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nplrl.proto\x12\x07plrl.v1\"\'\n\x0fRegisterRequest\x12\x14\n\x0cgenerator_id\x18\x01 \x01(\t\"\x82\x01\n\rRegisterReply\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x1a\n\x12samples_per_prompt\x18\x02 \x01(\x05\x12\x17\n\x0flease_timeout_s\x18\x03 \x01(\x01\x12\x0f\n\x07session\x18\x04 \x01(\t\x12\x13\n\x0bincarnation\x18\x05 \x01(\t\"L\n\x06Prompt\x12\x11\n\tprompt_id\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06\x61nswer\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x01(\x0c\"M\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x1f\n\x06prompt\x18\x02 \x01(\x0b\x32\x0f.plrl.v1.Prompt\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"^\n\x0cLeaseRequest\x12\x14\n\x0cgenerator_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_prompts\x18\x02 \x01(\x05\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\x12\x13\n\x0bincarnation\x18\x04 \x01(\t\">\n\nLeaseReply\x12\x1e\n\x06leases\x18\x01 \x03(\x0b\x32\x0e.plrl.v1.Lease\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\"f\n\x06Sample\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x10\n\x08logprobs\x18\x02 \x01(\x0c\x12\x10\n\x08versions\x18\x03 \x01(\x0c\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\"\x85\x01\n\x0cRolloutGroup\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\x03\x12\x18\n\x10prompt_token_ids\x18\x03 \x01(\x0c\x12 \n\x07samples\x18\x04 \x03(\x0b\x32\x0f.plrl.v1.Sample\x12\x14\n\x0cgenerator_id\x18\x05 \x01(\t\"K\n\tSubmitAck\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x1b\n\x04\x63ode\x18\x02 \x01(\x0e\x32\r.plrl.v1.Code\x12\x0f\n\x07message\x18\x03 \x01(\t\";\n\x0e\x43ontrolRequest\x12\x14\n\x0cgenerator_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\"7\n\tParamMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"i\n\tGroupInfo\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"\x8b\x01\n\x0cWeightUpdate\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\"\n\x06params\x18\x03 \x03(\x0b\x32\x12.plrl.v1.ParamMeta\x12\x14\n\x0c\x62ucket_bytes\x18\x04 \x01(\x03\x12!\n\x05group\x18\x05 \x01(\x0b\x32\x12.plrl.v1.GroupInfo\"\x1b\n\x08PullHint\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"+\n\x06Revoke\x12\x11\n\tlease_ids\x18\x01 \x03(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xb5\x01\n\x0e\x43ontrolMessage\x12.\n\rweight_update\x18\x01 \x01(\x0b\x32\x15.plrl.v1.WeightUpdateH\x00\x12!\n\x04pull\x18\x02 \x01(\x0b\x32\x11.plrl.v1.PullHintH\x00\x12$\n\x04stop\x18\x03 \x01(\x0b\x32\x14.plrl.v1.StopRequestH\x00\x12!\n\x06revoke\x18\x04 \x01(\x0b\x32\x0f.plrl.v1.RevokeH\x00\x42\x07\n\x05\x65vent\"8\n\x0bPullRequest\x12\x14\n\x0cgenerator_id\x18\x01 \x01(\t\x12\x13\n\x0bmin_version\x18\x02 \x01(\x03\"P\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\"\n\x06params\x18\x02 \x03(\x0b\x32\x12.plrl.v1.ParamMeta\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x0f\n\rStatusRequest\"\x8e\x01\n\nAccounting\x12\x0e\n\x06issued\x18\x01 \x01(\x03\x12\x0f\n\x07trained\x18\x02 \x01(\x03\x12\x16\n\x0e\x64ropped_by_lag\x18\x03 \x01(\x03\x12\x0e\n\x06leased\x18\x04 \x01(\x03\x12\x10\n\x08requeued\x18\x05 \x01(\x03\x12\x10\n\x08\x62uffered\x18\x06 \x01(\x03\x12\x13\n\x0bin_training\x18\x07 \x01(\x03\"\xfe\x02\n\x0bStatusReply\x12\'\n\naccounting\x18\x01 \x01(\x0b\x32\x13.plrl.v1.Accounting\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x17\n\x0f\x62uffer_capacity\x18\x03 \x01(\x05\x12\x12\n\ngenerators\x18\x04 \x01(\x05\x12\x17\n\x0f\x63ontrol_streams\x18\x05 \x01(\x05\x12\x16\n\x0eleases_expired\x18\x06 \x01(\x03\x12\x16\n\x0eleases_revoked\x18\x07 \x01(\x03\x12\x32\n\x07refused\x18\x08 \x03(\x0b\x32!.plrl.v1.StatusReply.RefusedEntry\x12\x18\n\x10source_exhausted\x18\t \x01(\x08\x12\x10\n\x08\x66inished\x18\n \x01(\x08\x12\x17\n\x0fleases_migrated\x18\x0b \x01(\x03\x12\x0f\n\x07session\x18\x0c \x01(\t\x1a.\n\x0cRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*\x89\x01\n\x04\x43ode\x12\x06\n\x02OK\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x03\x12\r\n\tNOT_FOUND\x10\x05\x12\x12\n\x0e\x41LREADY_EXISTS\x10\x06\x12\x16\n\x12RESOURCE_EXHAUSTED\x10\x08\x12\x17\n\x13\x46\x41ILED_PRECONDITION\x10\t\x12\x0f\n\x0bUNAVAILABLE\x10\x0e\x32\xfc\x02\n\x0b\x43oordinator\x12<\n\x08Register\x12\x18.plrl.v1.RegisterRequest\x1a\x16.plrl.v1.RegisterReply\x12:\n\x0cLeasePrompts\x12\x15.plrl.v1.LeaseRequest\x1a\x13.plrl.v1.LeaseReply\x12?\n\x0eSubmitRollouts\x12\x15.plrl.v1.RolloutGroup\x1a\x12.plrl.v1.SubmitAck(\x01\x30\x01\x12=\n\x07\x43ontrol\x12\x17.plrl.v1.ControlRequest\x1a\x17.plrl.v1.ControlMessage0\x01\x12;\n\x0bPullWeights\x12\x14.plrl.v1.PullRequest\x1a\x14.plrl.v1.WeightChunk0\x01\x12\x36\n\x06Status\x12\x16.plrl.v1.StatusRequest\x1a\x14.plrl.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nplrl.proto\x12\x07plrl.v1\"\'\n\x0fRegisterRequest\x12\x14\n\x0cgenerator_id\x18\x01 \x01(\t\"\x82\x01\n\rRegisterReply\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x1a\n\x12samples_per_prompt\x18\x02 \x01(\x05\x12\x17\n\x0flease_timeout_s\x18\x03 \x01(\x01\x12\x0f\n\x07session\x18\x04 \x01(\t\x12\x13\n\x0bincarnation\x18\x05 \x01(\t\"L\n\x06Prompt\x12\x11\n\tprompt_id\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0e\n\x06\x61nswer\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x01(\x0c\"M\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x1f\n\x06prompt\x18\x02 \x01(\x0b\x32\x0f.plrl.v1.Prompt\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"r\n\x0cLeaseRequest\x12\x14\n\x0cgenerator_id\x18\x01 \x01(\t\x12\x13\n\x0bmax_prompts\x18\x02 \x01(\x05\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\x12\x13\n\x0bincarnation\x18\x04 \x01(\t\x12\x12\n\nprompt_ids\x18\x05 \x03(\x03\">\n\nLeaseReply\x12\x1e\n\x06leases\x18\x01 \x03(\x0b\x32\x0e.plrl.v1.Lease\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\"f\n\x06Sample\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x10\n\x08logprobs\x18\x02 \x01(\x0c\x12\x10\n\x08versions\x18\x03 \x01(\x0c\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\"\x85\x01\n\x0cRolloutGroup\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\x03\x12\x18\n\x10prompt_token_ids\x18\x03 \x01(\x0c\x12 \n\x07samples\x18\x04 \x03(\x0b\x32\x0f.plrl.v1.Sample\x12\x14\n\x0cgenerator_id\x18\x05 \x01(\t\"K\n\tSubmitAck\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x1b\n\x04\x63ode\x18\x02 \x01(\x0e\x32\r.plrl.v1.Code\x12\x0f\n\x07message\x18\x03 \x01(\t\";\n\x0e\x43ontrolRequest\x12\x14\n\x0cgenerator_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\"7\n\tParamMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"i\n\tGroupInfo\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"\x8b\x01\n\x0cWeightUpdate\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\"\n\x06params\x18\x03 \x03(\x0b\x32\x12.plrl.v1.ParamMeta\x12\x14\n\x0c\x62ucket_bytes\x18\x04 \x01(\x03\x12!\n\x05group\x18\x05 \x01(\x0b\x32\x12.plrl.v1.GroupInfo\"\x1b\n\x08PullHint\x12\x0f\n\x07version\x18\x01 \x01(\x03\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"+\n\x06Revoke\x12\x11\n\tlease_ids\x18\x01 \x03(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xb5\x01\n\x0e\x43ontrolMessage\x12.\n\rweight_update\x18\x01 \x01(\x0b\x32\x15.plrl.v1.WeightUpdateH\x00\x12!\n\x04pull\x18\x02 \x01(\x0b\x32\x11.plrl.v1.PullHintH\x00\x12$\n\x04stop\x18\x03 \x01(\x0b\x32\x14.plrl.v1.StopRequestH\x00\x12!\n\x06revoke\x18\x04 \x01(\x0b\x32\x0f.plrl.v1.RevokeH\x00\x42\x07\n\x05\x65vent\"8\n\x0bPullRequest\x12\x14\n\x0cgenerator_id\x18\x01 \x01(\t\x12\x13\n\x0bmin_version\x18\x02 \x01(\x03\"P\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\"\n\x06params\x18\x02 \x03(\x0b\x32\x12.plrl.v1.ParamMeta\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x0f\n\rStatusRequest\"\x8e\x01\n\nAccounting\x12\x0e\n\x06issued\x18\x01 \x01(\x03\x12\x0f\n\x07trained\x18\x02 \x01(\x03\x12\x16\n\x0e\x64ropped_by_lag\x18\x03 \x01(\x03\x12\x0e\n\x06leased\x18\x04 \x01(\x03\x12\x10\n\x08requeued\x18\x05 \x01(\x03\x12\x10\n\x08\x62uffered\x18\x06 \x01(\x03\x12\x13\n\x0bin_training\x18\x07 \x01(\x03\"\x96\x03\n\x0bStatusReply\x12\'\n\naccounting\x18\x01 \x01(\x0b\x32\x13.plrl.v1.Accounting\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x17\n\x0f\x62uffer_capacity\x18\x03 \x01(\x05\x12\x12\n\ngenerators\x18\x04 \x01(\x05\x12\x17\n\x0f\x63ontrol_streams\x18\x05 \x01(\x05\x12\x16\n\x0eleases_expired\x18\x06 \x01(\x03\x12\x16\n\x0eleases_revoked\x18\x07 \x01(\x03\x12\x32\n\x07refused\x18\x08 \x03(\x0b\x32!.plrl.v1.StatusReply.RefusedEntry\x12\x18\n\x10source_exhausted\x18\t \x01(\x08\x12\x10\n\x08\x66inished\x18\n \x01(\x08\x12\x17\n\x0fleases_migrated\x18\x0b \x01(\x03\x12\x0f\n\x07session\x18\x0c \x01(\t\x12\x16\n\x0eleases_adopted\x18\r \x01(\x03\x1a.\n\x0cRefusedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01*\x89\x01\n\x04\x43ode\x12\x06\n\x02OK\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x03\x12\r\n\tNOT_FOUND\x10\x05\x12\x12\n\x0e\x41LREADY_EXISTS\x10\x06\x12\x16\n\x12RESOURCE_EXHAUSTED\x10\x08\x12\x17\n\x13\x46\x41ILED_PRECONDITION\x10\t\x12\x0f\n\x0bUNAVAILABLE\x10\x0e\x32\xfc\x02\n\x0b\x43oordinator\x12<\n\x08Register\x12\x18.plrl.v1.RegisterRequest\x1a\x16.plrl.v1.RegisterReply\x12:\n\x0cLeasePrompts\x12\x15.plrl.v1.LeaseRequest\x1a\x13.plrl.v1.LeaseReply\x12?\n\x0eSubmitRollouts\x12\x15.plrl.v1.RolloutGroup\x1a\x12.plrl.v1.SubmitAck(\x01\x30\x01\x12=\n\x07\x43ontrol\x12\x17.plrl.v1.ControlRequest\x1a\x17.plrl.v1.ControlMessage0\x01\x12;\n\x0bPullWeights\x12\x14.plrl.v1.PullRequest\x1a\x14.plrl.v1.WeightChunk0\x01\x12\x36\n\x06Status\x12\x16.plrl.v1.StatusRequest\x1a\x14.plrl.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STATUSREPLY_REFUSEDENTRY']._loaded_options = None
   _globals['_STATUSREPLY_REFUSEDENTRY']._serialized_options = b'8\001'
-  _globals['_CODE']._serialized_start=2175
-  _globals['_CODE']._serialized_end=2312
+  _globals['_CODE']._serialized_start=2219
+  _globals['_CODE']._serialized_end=2356
   _globals['_REGISTERREQUEST']._serialized_start=23
   _globals['_REGISTERREQUEST']._serialized_end=62
   _globals['_REGISTERREPLY']._serialized_start=65
@@ -44,43 +44,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASE']._serialized_start=275
   _globals['_LEASE']._serialized_end=352
   _globals['_LEASEREQUEST']._serialized_start=354
-  _globals['_LEASEREQUEST']._serialized_end=448
-  _globals['_LEASEREPLY']._serialized_start=450
-  _globals['_LEASEREPLY']._serialized_end=512
-  _globals['_SAMPLE']._serialized_start=514
-  _globals['_SAMPLE']._serialized_end=616
-  _globals['_ROLLOUTGROUP']._serialized_start=619
-  _globals['_ROLLOUTGROUP']._serialized_end=752
-  _globals['_SUBMITACK']._serialized_start=754
-  _globals['_SUBMITACK']._serialized_end=829
-  _globals['_CONTROLREQUEST']._serialized_start=831
-  _globals['_CONTROLREQUEST']._serialized_end=890
-  _globals['_PARAMMETA']._serialized_start=892
-  _globals['_PARAMMETA']._serialized_end=947
-  _globals['_GROUPINFO']._serialized_start=949
-  _globals['_GROUPINFO']._serialized_end=1054
-  _globals['_WEIGHTUPDATE']._serialized_start=1057
-  _globals['_WEIGHTUPDATE']._serialized_end=1196
-  _globals['_PULLHINT']._serialized_start=1198
-  _globals['_PULLHINT']._serialized_end=1225
-  _globals['_STOPREQUEST']._serialized_start=1227
-  _globals['_STOPREQUEST']._serialized_end=1256
-  _globals['_REVOKE']._serialized_start=1258
-  _globals['_REVOKE']._serialized_end=1301
-  _globals['_CONTROLMESSAGE']._serialized_start=1304
-  _globals['_CONTROLMESSAGE']._serialized_end=1485
-  _globals['_PULLREQUEST']._serialized_start=1487
-  _globals['_PULLREQUEST']._serialized_end=1543
-  _globals['_WEIGHTCHUNK']._serialized_start=1545
-  _globals['_WEIGHTCHUNK']._serialized_end=1625
-  _globals['_STATUSREQUEST']._serialized_start=1627
-  _globals['_STATUSREQUEST']._serialized_end=1642
-  _globals['_ACCOUNTING']._serialized_start=1645
-  _globals['_ACCOUNTING']._serialized_end=1787
-  _globals['_STATUSREPLY']._serialized_start=1790
-  _globals['_STATUSREPLY']._serialized_end=2172
-  _globals['_STATUSREPLY_REFUSEDENTRY']._serialized_start=2126
-  _globals['_STATUSREPLY_REFUSEDENTRY']._serialized_end=2172
-  _globals['_COORDINATOR']._serialized_start=2315
-  _globals['_COORDINATOR']._serialized_end=2695
+  _globals['_LEASEREQUEST']._serialized_end=468
+  _globals['_LEASEREPLY']._serialized_start=470
+  _globals['_LEASEREPLY']._serialized_end=532
+  _globals['_SAMPLE']._serialized_start=534
+  _globals['_SAMPLE']._serialized_end=636
+  _globals['_ROLLOUTGROUP']._serialized_start=639
+  _globals['_ROLLOUTGROUP']._serialized_end=772
+  _globals['_SUBMITACK']._serialized_start=774
+  _globals['_SUBMITACK']._serialized_end=849
+  _globals['_CONTROLREQUEST']._serialized_start=851
+  _globals['_CONTROLREQUEST']._serialized_end=910
+  _globals['_PARAMMETA']._serialized_start=912
+  _globals['_PARAMMETA']._serialized_end=967
+  _globals['_GROUPINFO']._serialized_start=969
+  _globals['_GROUPINFO']._serialized_end=1074
+  _globals['_WEIGHTUPDATE']._serialized_start=1077
+  _globals['_WEIGHTUPDATE']._serialized_end=1216
+  _globals['_PULLHINT']._serialized_start=1218
+  _globals['_PULLHINT']._serialized_end=1245
+  _globals['_STOPREQUEST']._serialized_start=1247
+  _globals['_STOPREQUEST']._serialized_end=1276
+  _globals['_REVOKE']._serialized_start=1278
+  _globals['_REVOKE']._serialized_end=1321
+  _globals['_CONTROLMESSAGE']._serialized_start=1324
+  _globals['_CONTROLMESSAGE']._serialized_end=1505
+  _globals['_PULLREQUEST']._serialized_start=1507
+  _globals['_PULLREQUEST']._serialized_end=1563
+  _globals['_WEIGHTCHUNK']._serialized_start=1565
+  _globals['_WEIGHTCHUNK']._serialized_end=1645
+  _globals['_STATUSREQUEST']._serialized_start=1647
+  _globals['_STATUSREQUEST']._serialized_end=1662
+  _globals['_ACCOUNTING']._serialized_start=1665
+  _globals['_ACCOUNTING']._serialized_end=1807
+  _globals['_STATUSREPLY']._serialized_start=1810
+  _globals['_STATUSREPLY']._serialized_end=2216
+  _globals['_STATUSREPLY_REFUSEDENTRY']._serialized_start=2170
+  _globals['_STATUSREPLY_REFUSEDENTRY']._serialized_end=2216
+  _globals['_COORDINATOR']._serialized_start=2359
+  _globals['_COORDINATOR']._serialized_end=2739
 # @@protoc_insertion_point(module_scope)

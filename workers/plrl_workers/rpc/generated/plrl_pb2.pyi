@@ -67,16 +67,18 @@ class Lease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., prompt: _Optional[_Union[Prompt, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("generator_id", "max_prompts", "wait_s", "incarnation")
+    __slots__ = ("generator_id", "max_prompts", "wait_s", "incarnation", "prompt_ids")
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_PROMPTS_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     max_prompts: int
     wait_s: float
     incarnation: str
-    def __init__(self, generator_id: _Optional[str] = ..., max_prompts: _Optional[int] = ..., wait_s: _Optional[float] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    prompt_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, generator_id: _Optional[str] = ..., max_prompts: _Optional[int] = ..., wait_s: _Optional[float] = ..., incarnation: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LeaseReply(_message.Message):
     __slots__ = ("leases", "finished")
@@ -245,7 +247,7 @@ class Accounting(_message.Message):
     def __init__(self, issued: _Optional[int] = ..., trained: _Optional[int] = ..., dropped_by_lag: _Optional[int] = ..., leased: _Optional[int] = ..., requeued: _Optional[int] = ..., buffered: _Optional[int] = ..., in_training: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("accounting", "weight_version", "buffer_capacity", "generators", "control_streams", "leases_expired", "leases_revoked", "refused", "source_exhausted", "finished", "leases_migrated", "session")
+    __slots__ = ("accounting", "weight_version", "buffer_capacity", "generators", "control_streams", "leases_expired", "leases_revoked", "refused", "source_exhausted", "finished", "leases_migrated", "session", "leases_adopted")
     class RefusedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +267,7 @@ class StatusReply(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     LEASES_MIGRATED_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    LEASES_ADOPTED_FIELD_NUMBER: _ClassVar[int]
     accounting: Accounting
     weight_version: int
     buffer_capacity: int
@@ -277,4 +280,5 @@ class StatusReply(_message.Message):
     finished: bool
     leases_migrated: int
     session: str
-    def __init__(self, accounting: _Optional[_Union[Accounting, _Mapping]] = ..., weight_version: _Optional[int] = ..., buffer_capacity: _Optional[int] = ..., generators: _Optional[int] = ..., control_streams: _Optional[int] = ..., leases_expired: _Optional[int] = ..., leases_revoked: _Optional[int] = ..., refused: _Optional[_Mapping[str, int]] = ..., source_exhausted: _Optional[bool] = ..., finished: _Optional[bool] = ..., leases_migrated: _Optional[int] = ..., session: _Optional[str] = ...) -> None: ...
+    leases_adopted: int
+    def __init__(self, accounting: _Optional[_Union[Accounting, _Mapping]] = ..., weight_version: _Optional[int] = ..., buffer_capacity: _Optional[int] = ..., generators: _Optional[int] = ..., control_streams: _Optional[int] = ..., leases_expired: _Optional[int] = ..., leases_revoked: _Optional[int] = ..., refused: _Optional[_Mapping[str, int]] = ..., source_exhausted: _Optional[bool] = ..., finished: _Optional[bool] = ..., leases_migrated: _Optional[int] = ..., session: _Optional[str] = ..., leases_adopted: _Optional[int] = ...) -> None: ...
