@@ -120,6 +120,10 @@ def test_a_job_whose_generator_is_slowed_gets_a_second_generator_and_only_the_tr
     print(f"the change cost {memory.get('lastChangeCostSeconds')} s; {change}")
     _resumed_at_the_change(job, change)
     worker_logs.assert_joined_with_weights_then_in_flight(job.container_log(joined))
+    # The slowed generator decoded on while the trainers restarted, and the new trainer rank 0 took
+    # every group it finished meanwhile (none decoded twice).
+    carried = worker_logs.groups_carried_over(job.container_log(gen))
+    assert carried and all(held == delivered > 0 for held, delivered in carried), carried
     _every_step_and_prompt_accounted(job)
 
 
