@@ -9,19 +9,25 @@ pipeline / conventional throughput ratio on 2 workers, the same way `plrl plan` 
     conventional (2 workers):           time per sample = (gen(min(B/2, H)) + train) / 2
 
 and prints it next to the ratios `bench/pipeline_vs_conventional.py` measures (BENCHMARKS.md).
+Each of `--repeats` rounds measures every cost (each the best of 3 timings) and predicts the ratios
+from its own costs; costs and predictions print as the median (min-max) over the rounds.
 
-    .venv/bin/python bench/cpu_cost_model.py
+    .venv/bin/python bench/cpu_cost_model.py [--repeats 3] [--samples 128]
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 import tempfile
 import time
 
 import torch
 import transformers
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from bench import stats
 from plrl_workers.engines import base, factory
 from plrl_workers.models import tiny
 
@@ -67,27 +73,41 @@ def train_seconds_per_sample(model_dir: str, samples: int, micro_tokens: int = 5
     return best
 
 
+JOBS = (
+    ("examples/local-tiny.yaml", 128, 16),
+    ("bench/jobs/small-batch.yaml", 32, 64),
+    ("bench/jobs/batch-16.yaml", 16, 64),
+)
+BATCHES = (8, 16, 32, 64)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=128, help="samples per measurement (one demo batch)")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of every measurement")
     args = ap.parse_args()
+    if args.repeats < 1 or args.samples < 1:
+        ap.error("--repeats and --samples must be at least 1")
     torch.set_num_threads(1)
+    gen: dict[int, list[float]] = {b: [] for b in BATCHES}
+    train: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(tiny.build(tmp))
         eos = tiny.vocabulary()[tiny.EOS]
-        gen = {b: gen_seconds_per_sample(model_dir, b, args.samples, eos) for b in (8, 16, 32, 64)}
-        train = train_seconds_per_sample(model_dir, args.samples)
-    print("ms per sample: " + ", ".join(f"generate at batch {b} {s * 1e3:.2f}" for b, s in gen.items()))
-    print(f"ms per sample: train {train * 1e3:.2f}")
-    print(f"\n{'job':<34}{'B':>5}{'H':>5}{'predicted pipeline / conventional':>36}")
-    for name, b, h in (
-        ("examples/local-tiny.yaml", 128, 16),
-        ("bench/jobs/small-batch.yaml", 32, 64),
-        ("bench/jobs/batch-16.yaml", 16, 64),
-    ):
-        pipeline = max(gen[h], train)
-        conventional = (gen[min(b // 2, h)] + train) / 2
-        print(f"{name:<34}{b:>5}{h:>5}{conventional / pipeline:>35.2f}x")
+        for _ in range(args.repeats):
+            for b in BATCHES:
+                gen[b].append(gen_seconds_per_sample(model_dir, b, args.samples, eos))
+            train.append(train_seconds_per_sample(model_dir, args.samples))
+    print(f"ms per sample, median (min-max) of {args.repeats} rounds:")
+    for b in BATCHES:
+        print(f"  generate at decode batch {b:<3} {stats.fmt_spread(gen[b], '.2f', scale=1e3)}")
+    print(f"  train                     {stats.fmt_spread(train, '.2f', scale=1e3)}")
+    print(f"\n{'job':<34}{'B':>5}{'H':>5}  predicted pipeline / conventional")
+    for name, b, h in JOBS:
+        predicted = [
+            (gen[min(b // 2, h)][r] + train[r]) / 2 / max(gen[h][r], train[r]) for r in range(args.repeats)
+        ]
+        print(f"{name:<34}{b:>5}{h:>5}  {stats.fmt_spread(predicted, '.2f', 'x')}")
     return 0
 
 
