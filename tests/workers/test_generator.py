@@ -581,9 +581,9 @@ def test_when_its_coordinator_restarts_it_reconnects_and_decodes_with_the_resume
     start: Start,
 ) -> None:
     """Trainer rank 0 dies and comes back at the same address from an earlier checkpoint: the
-    generator keeps running (no restart), drops what it was decoding (the new coordinator re-queues
-    those prompts from its restored state), registers anew and loads the resumed version's weights,
-    older than its own, before it decodes again."""
+    generator keeps running (no restart), lets go of the groups it decoded with weights newer than
+    the successor's (the new coordinator re-queues those prompts from its restored state), registers
+    anew and loads the resumed version's weights, older than its own, before it decodes again."""
     rig = start(1000, buffer_groups=4, submit_wait_s=0.05)
     newer = {"w": torch.ones(4, 3)}
     rig.store.publish(snapshot.WeightSnapshot.from_named_tensors(5, newer.items()))
@@ -599,8 +599,7 @@ def test_when_its_coordinator_restarts_it_reconnects_and_decodes_with_the_resume
     eventually(lambda: rig.engine.weight_version == 3, what="the resumed version's weights")
     version, got = rig.engine.pulled[-1]
     assert version == 3 and torch.equal(got["w"], resumed["w"])
-    for g in rig.train_until(4, what="groups for the revived coordinator"):
-        assert all(s.versions.tolist() == [3] * LENGTH for s in g.samples)
+    decoded_after_restart(rig, 3)  # and groups finished at v0 (not v5: newer than its weights)
     a = rig.coord.stats().accounting
     assert a.balanced
 
@@ -626,6 +625,24 @@ def test_what_was_in_flight_when_its_coordinator_restarted_is_finished_and_deliv
     decoded_under = {r.rpartition("#")[0] for r in rig.engine.requests}
     assert not {g.lease_id for g in taken if g.prompt_id in leased} & decoded_under
     assert all(s.versions.tolist() == [0] * LENGTH for g in taken for s in g.samples)
+    assert rig.coord.stats().accounting.balanced and not rig.errors
+
+
+def test_groups_a_restarting_coordinator_refused_are_delivered_to_its_successor(start: Start) -> None:
+    """The trainer, asked to stop for a resize, stops granting leases and taking groups, then saves
+    its state: groups that finish meanwhile are refused (UNAVAILABLE, stopping). The generator holds
+    them and hands them to the successor, which kept their prompts for it."""
+    rig, _ = _stalled_mid_sequence(start)
+    rig.coord.stop("the trainer is restarting", tell_generators=False)
+    rig.engine.allow(None)
+    n = rig.capacity // G
+    eventually(lambda: rig.coord.stats().refused.get("UNAVAILABLE", 0) >= n, what="the groups refused")
+    saved = rig.coord.export_state()
+    leased = {p["prompt_id"] for p in saved["pending"]}  # type: ignore[attr-defined]
+    assert len(leased) == n
+    revive(rig, saved, 0, {"w": torch.zeros(4, 3)})
+    taken = rig.train_until(n, what="the refused groups, delivered to the successor")
+    assert {g.prompt_id for g in taken[:n]} == leased and rig.gen.adopted == n
     assert rig.coord.stats().accounting.balanced and not rig.errors
 
 

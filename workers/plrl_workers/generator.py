@@ -131,9 +131,11 @@ class Generator:
         self._events: queue.SimpleQueue[protocol.ControlEvent | _Gone | None] = queue.SimpleQueue()
         self._groups: dict[str, _Group] = {}
         # Groups finished after the coordinator went away: delivered to its successor if it adopts them.
-        self._held: list[protocol.RolloutGroup] = []
+        self._held: list[protocol.RolloutGroup] = []  # under _unacked_lock (results arrive on a thread)
         self.adopted = 0  # held groups the successor took
-        self._unacked = 0
+        # Groups sent and not answered yet, by lease id: a coordinator that goes away meanwhile may
+        # never have taken them, so they are held for its successor too.
+        self._unacked: dict[str, protocol.RolloutGroup] = {}
         self._unacked_lock = threading.Lock()
         self._stop = threading.Event()
         self._source_finished = False
@@ -328,7 +330,11 @@ class Generator:
 
     def _on_result(self, result: protocol.SubmitResult) -> None:
         with self._unacked_lock:
-            self._unacked -= 1
+            group = self._unacked.pop(result.lease_id, None)
+            if group is not None and result.code is protocol.Code.UNAVAILABLE:
+                # Refused by a coordinator that is stopping (the trainer restarts): its successor
+                # may take the group (`_adopt_held`).
+                self._held.append(group)
         if result.ok and not self._delivered_one:
             self._delivered_one = True
             log.info("first rollout group taken by the coordinator")
@@ -344,7 +350,7 @@ class Generator:
         """Lease prompts for the free slots; returns how many were leased."""
         free_prompts = (capacity - self.engine.num_in_flight()) // self.g
         with self._unacked_lock:
-            backlog = self._unacked
+            backlog = len(self._unacked)
         if free_prompts <= 0 or backlog >= self.max_unacked_groups or self._source_finished:
             return 0
         idle = self.engine.num_in_flight() == 0
@@ -426,10 +432,11 @@ class Generator:
                     # The coordinator is gone; its successor re-queues the prompt, and may adopt this.
                     if stream is not None:
                         self._gone = "the rollout stream broke"
-                    self._held.append(whole)
+                    with self._unacked_lock:
+                        self._held.append(whole)
                     continue
                 with self._unacked_lock:
-                    self._unacked += 1
+                    self._unacked[whole.lease_id] = whole
                 stream.put(whole)
 
     # -------------------------------------------------------------- main loop
@@ -546,7 +553,8 @@ class Generator:
         than its own (it resumed from an earlier checkpoint) would be refused, and those whose
         prompts it already leased again, trained or dropped are not wanted: they are let go, and
         nothing is lost (the prompt is decoded again, or its work is done)."""
-        held, self._held = self._held, []
+        with self._unacked_lock:
+            held, self._held = self._held, []
         if not held:
             return
         version = self.engine.weight_version
@@ -565,9 +573,10 @@ class Generator:
         lease_of = {lease.prompt.prompt_id: lease.lease_id for lease in leases}
         for g in usable:
             if g.prompt_id in lease_of:
+                adopted = dataclasses.replace(g, lease_id=lease_of[g.prompt_id])
                 with self._unacked_lock:
-                    self._unacked += 1
-                self._stream.put(dataclasses.replace(g, lease_id=lease_of[g.prompt_id]))
+                    self._unacked[adopted.lease_id] = adopted
+                self._stream.put(adopted)
         self.adopted += len(lease_of)
         log.info(
             "%d group(s) finished while the coordinator was away: %d delivered to its successor, "
@@ -589,7 +598,8 @@ class Generator:
                 self.engine.abort(f"{lease_id}#{j}")
         self._groups.clear()
         with self._unacked_lock:
-            self._unacked = 0
+            self._held += self._unacked.values()  # never answered: the successor may take them
+            self._unacked.clear()
         while True:
             try:
                 self._events.get_nowait()
@@ -654,7 +664,7 @@ class Generator:
                 return
             if self.engine.num_in_flight() == 0:
                 with self._unacked_lock:
-                    delivered = self._unacked == 0
+                    delivered = not self._unacked
                 if leased == 0 and delivered:
                     return
                 time.sleep(0.01)
@@ -664,7 +674,7 @@ class Generator:
     def heartbeat_report(self, capacity: int) -> records.WorkerReport:
         """Weight version, tokens/s, groups awaiting the coordinator and slots in use (another thread)."""
         with self._unacked_lock:
-            backlog = self._unacked
+            backlog = len(self._unacked)
         return heartbeat.generator_report(
             weight_version=self.engine.weight_version,
             tokens_per_second=self.metrics.generated_tokens_per_second() if self.metrics else 0.0,

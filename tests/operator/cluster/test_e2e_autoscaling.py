@@ -124,6 +124,7 @@ def test_a_job_whose_generator_is_slowed_gets_a_second_generator_and_only_the_tr
     # every group it finished meanwhile (none decoded twice).
     carried = worker_logs.groups_carried_over(job.container_log(gen))
     assert carried and all(held == delivered > 0 for held, delivered in carried), carried
+    print(f"groups finished while the trainers restarted, and delivered: {carried}")
     _every_step_and_prompt_accounted(job)
 
 
