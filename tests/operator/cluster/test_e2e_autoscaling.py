@@ -32,7 +32,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 STEPS = 24
 
 
-def _autoscaled(tiny: Callable[..., e2e.Tiny], generators: int, gpus: int = 3) -> e2e.Tiny:
+def _autoscaled(
+    tiny: Callable[..., e2e.Tiny], generators: int, gpus: int = 3, **spec: dict[str, object]
+) -> e2e.Tiny:
     """The tiny job on `gpus` fake GPUs starting at I = `generators`, autoscaled every 3 steps, once
     it has trained a step."""
     job = tiny(
@@ -46,6 +48,7 @@ def _autoscaled(tiny: Callable[..., e2e.Tiny], generators: int, gpus: int = 3) -
         # only if the old group checkpointed the step it stopped at.
         training={"totalSteps": STEPS, "checkpoint": {"everySteps": 12}},
         heartbeat={"intervalSeconds": 1, "timeoutSeconds": 5},
+        **spec,
     )
     job.apply()
     # From the trainer's own step records, not STEP in `kubectl get`: the operator's status trails
@@ -174,7 +177,10 @@ def test_a_balanced_job_keeps_its_generators(
     as long as that ratio stays between 1/2 and 2 (at I = 1 the generator alone, at I = 3 the trainer
     alone would be the pipeline's pace). The autoscaler looks every 3 steps and holds: no Rescaled
     event, GEN/TRAIN 2/2 throughout, no pod replaced."""
-    job = _autoscaled(tiny, generators=2, gpus=4)
+    # H = 8, not the example's 16: at 16 two generators measured 3,015-3,427 tok/s against two
+    # trainer ranks' 1,436-1,654 in CI (ratio just over 2, so I = 1 gained 3.6-5%); a smaller decode
+    # batch makes each generated token dearer on a CPU, which puts the ratio well inside 1/2..2.
+    job = _autoscaled(tiny, generators=2, gpus=4, generation={"concurrentSequences": 8})
     pods = job.uids(names.GENERATOR) | job.uids(names.TRAINER)
     assert len(pods) == 4
     late = job.watch("Succeeded", timeout_s=500, stop_at_step=STEPS - 3)
@@ -186,5 +192,5 @@ def test_a_balanced_job_keeps_its_generators(
     memory = job.status()["autoscaler"]
     # It did look (the last look late in the run), and it held.
     assert memory["changes"] == 0 and memory["state"]["lastEvalStep"] >= STEPS - 6, memory
-    print(f"held at I = 2; the autoscaler's state: {memory['state']}")
+    print(f"held at I = 2; the autoscaler's state: {memory['state']}; {memory.get('lastLook', '')}")
     _every_step_and_prompt_accounted(job)
