@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import datetime
 import logging
 import os
 import pathlib
@@ -47,6 +48,10 @@ class Running:
     restarts: int = 0
     started_wall: float = dataclasses.field(default_factory=time.time)
     """Wall-clock start (what heartbeat times are compared with)."""
+
+    @property
+    def started_utc(self) -> datetime.datetime:
+        return datetime.datetime.fromtimestamp(self.started_wall, datetime.UTC)
 
     @property
     def instance(self) -> str:

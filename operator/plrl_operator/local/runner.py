@@ -284,6 +284,12 @@ def _lease(run_dir: pathlib.Path, name: str) -> LocalLease | None:
         return None  # none yet, or being replaced this instant: the next look sees it
 
 
+def _beat(run_dir: pathlib.Path, name: str, r: processes.Running) -> tuple[health.Beat, LocalLease | None]:
+    """Process `name`'s heartbeat as `health` judges it, and the lease file it was read from."""
+    lease = _lease(run_dir, name)
+    return health.Beat(name, True, r.started_utc, lease.renewed if lease is not None else None), lease
+
+
 def observe(
     sup: processes.Supervisor,
     run_dir: pathlib.Path,
@@ -309,10 +315,8 @@ def observe(
         detail = f"last lines of {r.spec.log_path}:\n{_tail(r.spec.log_path)}" if failed else ""
         how = ""
         if code is None:
-            started = datetime.datetime.fromtimestamp(r.started_wall, datetime.UTC)
-            lease = _lease(run_dir, name)
-            renewed = lease.renewed if lease is not None else None
-            beat = health.Beat(name, True, started, renewed)
+            beat, lease = _beat(run_dir, name, r)
+            started = r.started_utc
             gen_id = child.pod(names.GENERATOR, int(r.spec.env.get(names.ENV_POD_INDEX, "0")))
             exiting = lease is not None and lease.released and lease.renewed >= started
             silent = None if exiting else health.verdict(beat, now, heartbeat, digits=1)
@@ -373,9 +377,7 @@ class Controller:
         r = self.sup.running.get(name)
         if r is None:
             return False
-        lease = _lease(self.launch.run_dir, name)
-        started = datetime.datetime.fromtimestamp(r.started_wall, datetime.UTC)
-        return not health.has_beaten(health.Beat(name, True, started, lease.renewed if lease else None))
+        return not health.has_beaten(_beat(self.launch.run_dir, name, r)[0])
 
     def _inject(self, actions: Sequence[chaos.Action]) -> None:
         for action in actions:
