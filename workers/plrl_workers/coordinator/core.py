@@ -334,7 +334,7 @@ class Coordinator:
             out: list[protocol.Lease] = []
             waiting: collections.deque[protocol.Prompt] = collections.deque()
             for prompt in self._queue:
-                mine = self._reserved.get(prompt.prompt_id, generator_id) == generator_id
+                mine = self._leasable_by_locked(prompt.prompt_id, generator_id)
                 if prompt.prompt_id in wanted and mine and len(out) < max_prompts and not self._stopping:
                     out.append(self._grant_locked(prompt, generator_id))
                     self._reserved.pop(prompt.prompt_id, None)
@@ -343,6 +343,10 @@ class Coordinator:
             self._queue = waiting
             self._adopted += len(out)
             return protocol.LeaseBatch(out, False)
+
+    def _leasable_by_locked(self, prompt_id: int, generator_id: str) -> bool:
+        """Whether `generator_id` may lease queued `prompt_id`: it is kept for no other generator."""
+        return self._reserved.get(prompt_id, generator_id) == generator_id
 
     def _release_reserved_locked(self, holder: str | None = None) -> None:
         """End the reservations of `holder` (None: of every holder, once the grace is over)."""
@@ -359,8 +363,10 @@ class Coordinator:
         if self._stopping:
             return None
         self._release_reserved_locked()
+        if self._queue and not self._reserved:
+            return self._queue.popleft()  # the usual case: no restart's reservations to skip past
         for k, queued in enumerate(self._queue):
-            if self._reserved.get(queued.prompt_id, generator_id) == generator_id:
+            if self._leasable_by_locked(queued.prompt_id, generator_id):
                 del self._queue[k]
                 self._reserved.pop(queued.prompt_id, None)
                 return queued
