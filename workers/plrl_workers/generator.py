@@ -131,12 +131,12 @@ class Generator:
         self._events: queue.SimpleQueue[protocol.ControlEvent | _Gone | None] = queue.SimpleQueue()
         self._groups: dict[str, _Group] = {}
         # Groups finished after the coordinator went away: delivered to its successor if it adopts them.
-        self._held: list[protocol.RolloutGroup] = []  # under _unacked_lock (results arrive on a thread)
+        self._held: list[protocol.RolloutGroup] = []  # under _delivery_lock (results arrive on a thread)
         self.adopted = 0  # held groups the successor took
         # Groups sent and not answered yet, by lease id: a coordinator that goes away meanwhile may
         # never have taken them, so they are held for its successor too.
         self._unacked: dict[str, protocol.RolloutGroup] = {}
-        self._unacked_lock = threading.Lock()
+        self._delivery_lock = threading.Lock()
         self._stop = threading.Event()
         self._source_finished = False
         self._told_to_stop = False
@@ -329,7 +329,7 @@ class Generator:
     # -------------------------------------------------------------- rollouts
 
     def _on_result(self, result: protocol.SubmitResult) -> None:
-        with self._unacked_lock:
+        with self._delivery_lock:
             group = self._unacked.pop(result.lease_id, None)
             if group is not None and result.code is protocol.Code.UNAVAILABLE:
                 # Refused by a coordinator that is stopping (the trainer restarts): its successor
@@ -349,7 +349,7 @@ class Generator:
     def _fill(self, capacity: int) -> int:
         """Lease prompts for the free slots; returns how many were leased."""
         free_prompts = (capacity - self.engine.num_in_flight()) // self.g
-        with self._unacked_lock:
+        with self._delivery_lock:
             backlog = len(self._unacked)
         if free_prompts <= 0 or backlog >= self.max_unacked_groups or self._source_finished:
             return 0
@@ -432,10 +432,10 @@ class Generator:
                     # The coordinator is gone; its successor re-queues the prompt, and may adopt this.
                     if stream is not None:
                         self._gone = "the rollout stream broke"
-                    with self._unacked_lock:
+                    with self._delivery_lock:
                         self._held.append(whole)
                     continue
-                with self._unacked_lock:
+                with self._delivery_lock:
                     self._unacked[whole.lease_id] = whole
                 stream.put(whole)
 
@@ -553,7 +553,7 @@ class Generator:
         than its own (it resumed from an earlier checkpoint) would be refused, and those whose
         prompts it already leased again, trained or dropped are not wanted: they are let go, and
         nothing is lost (the prompt is decoded again, or its work is done)."""
-        with self._unacked_lock:
+        with self._delivery_lock:
             held, self._held = self._held, []
         if not held:
             return
@@ -574,7 +574,7 @@ class Generator:
         for g in usable:
             if g.prompt_id in lease_of:
                 adopted = dataclasses.replace(g, lease_id=lease_of[g.prompt_id])
-                with self._unacked_lock:
+                with self._delivery_lock:
                     self._unacked[adopted.lease_id] = adopted
                 self._stream.put(adopted)
         self.adopted += len(lease_of)
@@ -597,7 +597,7 @@ class Generator:
             for j in range(self.g):
                 self.engine.abort(f"{lease_id}#{j}")
         self._groups.clear()
-        with self._unacked_lock:
+        with self._delivery_lock:
             self._held += self._unacked.values()  # never answered: the successor may take them
             self._unacked.clear()
         while True:
@@ -663,7 +663,7 @@ class Generator:
             if self._lost or self._gone or self._told_to_stop:
                 return
             if self.engine.num_in_flight() == 0:
-                with self._unacked_lock:
+                with self._delivery_lock:
                     delivered = not self._unacked
                 if leased == 0 and delivered:
                     return
@@ -673,7 +673,7 @@ class Generator:
 
     def heartbeat_report(self, capacity: int) -> records.WorkerReport:
         """Weight version, tokens/s, groups awaiting the coordinator and slots in use (another thread)."""
-        with self._unacked_lock:
+        with self._delivery_lock:
             backlog = len(self._unacked)
         return heartbeat.generator_report(
             weight_version=self.engine.weight_version,
