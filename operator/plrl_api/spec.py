@@ -532,6 +532,16 @@ class AutoscaleSpec(_Model):
         le=1_000_000,
         description="Optimizer steps after a change before the next one may happen.",
     )
+    warmup_steps: Int = Field(
+        default=2,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Optimizer steps after the job starts, and after each change of I (the trainers restart "
+            "with it), whose rates are not counted: they carry one-off start-up costs (first forward "
+            "and backward, allocator growth) that understate what the workers can do."
+        ),
+    )
 
     RULES = (
         Rule(

@@ -16,7 +16,7 @@ from plrl_operator import autoscaling, status
 from tests import samples
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
-AUTOSCALE = {"enabled": True, "everySteps": 2, "cooldownSteps": 0}
+AUTOSCALE = {"enabled": True, "everySteps": 2, "cooldownSteps": 0, "warmupSteps": 0}
 
 
 def _job() -> spec.PipelineRLJob:

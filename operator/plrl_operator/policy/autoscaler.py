@@ -18,6 +18,8 @@ the reason says so. Around that:
   limit (`planner.lag_cap`) are never crossed; a current I outside them is moved inside at once;
 - cool-down: no change within `cooldownSteps` of the last one, and only samples taken after it
   (at the current I) count; the longer I stays put, the more of them the estimate averages;
+- warm-up: the first `warmupSteps` steps after the start or a change (the trainers restart with
+  it) are not sampled: their one-off start-up costs understate the capacities;
 - hysteresis: reversing the previous direction needs `reversal_margin` more gain, at two looks
   in a row.
 
@@ -54,6 +56,9 @@ class Policy:
     min_generators: int = 1
     max_generators: int | None = None
     cooldown_steps: int = 20
+    warmup_steps: int = 0
+    """Samples of this many steps after the start (or the last change, which restarts the trainers)
+    are left out of the window: one-off start-up costs would understate the capacities."""
     gpus_per_generator: int = 1
     gpus_per_trainer: int = 1
     concurrency: int | None = None
@@ -96,6 +101,7 @@ def policy_for_job(job: spec_mod.JobSpec) -> Policy:
         min_generators=a.min_generators,
         max_generators=a.max_generators,
         cooldown_steps=a.cooldown_steps,
+        warmup_steps=a.warmup_steps,
         gpus_per_generator=r.gpus_per_generator,
         gpus_per_trainer=r.gpus_per_trainer,
         concurrency=job.generation.concurrent_sequences,
@@ -128,12 +134,14 @@ def _limits(p: Policy) -> str:
 
 
 def _window(p: Policy, state: types.AutoscalerState, obs: types.Observation) -> list[types.RateSample]:
-    """Samples taken at the current I since the last change, at most `window_looks` looks' worth.
+    """Samples taken at the current I since the last change (and its warm-up), at most
+    `window_looks` looks' worth.
 
     The longer I stays put, the more samples the estimate averages, so a steady job stops
     reacting to per-step noise; right after a change only fresh samples count.
     """
-    since = state.last_change_step if state.last_change_step is not None else -1
+    # Steps count from 1; a job's start is treated like a change at step 0, warm-up included.
+    since = (state.last_change_step if state.last_change_step is not None else 0) + p.warmup_steps
     fresh = [
         s
         for s in obs.samples

@@ -377,3 +377,25 @@ def test_a_change_that_cannot_win_back_its_cost_is_not_taken() -> None:
     held = look(edge * 1.01)
     assert held.action is Action.HOLD
     assert "over the next decision period (200 s) does not win back the 2." in held.reason
+
+
+def test_the_steps_right_after_a_start_or_a_change_are_not_counted() -> None:
+    # At the optimum, but the trainers' first two steps after each (re)start ran at a third of their
+    # capacity (first backward, allocator growth): counted, they would read as trainer-bound.
+    def look(state: types.AutoscalerState, step: int, cold: set[int], warmup: int) -> types.Decision:
+        p = dataclasses.replace(PAPER, every_steps=5, cooldown_steps=10, warmup_steps=warmup)
+        trainers = [TRAIN * 84 / (3 if s in cold else 1) for s in range(1, step + 1)]
+        samples = tuple(types.RateSample(s, 44, GEN * 44, t) for s, t in enumerate(trainers, start=1))
+        return autoscaler.decide(p, state, types.Observation(step, 44, samples))
+
+    start = types.AutoscalerState()
+    assert look(start, 5, {1, 2}, warmup=0).action is Action.SCALE_DOWN  # what the warm-up prevents
+    waiting = look(start, 5, {1, 2}, warmup=2)
+    assert waiting.action is Action.HOLD and "waiting for rate samples at I=44 (3 of 5)" in waiting.reason
+    held = look(start, 7, {1, 2}, warmup=2)
+    assert held.action is Action.HOLD and "over steps 3-7" in held.reason, held.reason
+    # A change at step 20 restarted the trainers: steps 21-22 are cold again, and left out.
+    changed = types.AutoscalerState(last_eval_step=20, last_change_step=20, last_action=Action.SCALE_DOWN)
+    assert look(changed, 30, {21, 22}, warmup=0).action is Action.SCALE_DOWN
+    held = look(changed, 30, {21, 22}, warmup=2)
+    assert held.action is Action.HOLD and "over steps 23-30" in held.reason, held.reason
