@@ -1,4 +1,5 @@
-"""`plrl run` with `pipeline.autoscale.enabled`: a job made imbalanced by `--chaos` is rescaled.
+"""`plrl run` with `pipeline.autoscale.enabled`: a job made imbalanced by `--chaos` is rescaled, a
+balanced one is not.
 
 Three CPU "accelerators". A generator slowed 8x makes generation the bottleneck, so I goes 1 -> 2
 (the trainers checkpoint the step they reached and restart from it with one rank instead of two); a
@@ -105,3 +106,40 @@ def test_an_imbalanced_job_is_rescaled_without_restarting_the_generator_that_sta
         worker_logs.assert_joined_with_weights_then_in_flight(
             (run_dir / "logs" / "generator-1.log").read_text()
         )
+
+
+def test_a_balanced_job_keeps_its_generators(tmp_path: pathlib.Path, run_dir: pathlib.Path) -> None:
+    """Four CPU "accelerators" at I = 2 on the cluster e2e's job shape (B = 64, G = 8, H = 8): two
+    and two is the planner's optimum while the trainers' capacity stays between 1/2 and 2 times the
+    generators' (at I = 1 the generator alone, at I = 3 the trainer alone would set the pace). At
+    H = 16 the job sat at 0.66-0.69 on an idle machine, too near 1/2 under CI's load; a smaller
+    decode batch makes a generated token dearer on a CPU. The autoscaler looks every 5 steps to the
+    end, leaving out the first two (start-up) steps, and holds: no change, no process restarted."""
+    job = write_job(
+        tmp_path / "job.yaml",
+        resources={"totalGPUs": 4},
+        task={"name": "builtin:reverse"},
+        generation={"concurrentSequences": 8, "maxNewTokens": 10, "samplesPerPrompt": 8},
+        pipeline={
+            "maxLag": 8,
+            "generators": 2,
+            "autoscale": {"enabled": True, "everySteps": 5, "cooldownSteps": 10},
+        },
+        training={"totalSteps": STEPS, "batchSize": 64, "checkpoint": {"everySteps": 40}},
+        heartbeat={"intervalSeconds": 1, "timeoutSeconds": 4},
+    )
+    r = plrl("run", str(job), "--run-dir", str(run_dir), timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    rows = records.read_step_records((run_dir / records.METRICS_FILE).read_text())
+    assert [row.step for row in rows] == list(range(1, STEPS + 1)), out
+    decisions = json.loads((run_dir / autoscaling.DECISIONS_FILE).read_text())
+    looks = decisions["looks"]
+    assert decisions["changes"] == [], [c["reason"] for c in decisions["changes"]]
+    # It did look, late in the run too, and every look said why it held.
+    assert looks and looks[-1]["step"] >= STEPS - 10 and all(x["generators"] == 2 for x in looks), looks
+    # No failover restart and no resize: every process is the one started first.
+    assert "autoscaler: 0 change(s) of I" in out and "restarting" not in out, out
+    assert re.search(r"\d+ -> \d+ trainer rank", out) is None, out
+    ratios = [(x["step"], round(x["ratio"], 2)) for x in looks if x.get("ratio") is not None]
+    print(f"held at I = 2; r_pipeline/r_gen by step: {ratios}; the last look: {looks[-1]['reason']}")
