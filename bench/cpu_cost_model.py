@@ -89,6 +89,7 @@ def main() -> int:
     if args.repeats < 1 or args.samples < 1:
         ap.error("--repeats and --samples must be at least 1")
     torch.set_num_threads(1)
+    transformers.utils.logging.disable_progress_bar()  # one "Loading weights" bar per measurement
     gen: dict[int, list[float]] = {b: [] for b in BATCHES}
     train: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
