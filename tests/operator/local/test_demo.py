@@ -1,4 +1,5 @@
-"""`make demo`'s job learns: the README's claim, checked on every CI run.
+"""`make demo`'s job learns: the README's claim, checked on every CI run; so does each built-in
+task's example job.
 
 Runs `examples/local-tiny.yaml` exactly as `make demo` does (a few minutes on 2 cores). The same run
 is the suite's check of a whole pipeline run's outputs (checkpoints, report, accounting, every
@@ -20,7 +21,9 @@ from tests.operator.local.conftest import plrl
 
 pytestmark = pytest.mark.slow
 
-DEMO_JOB = pathlib.Path(__file__).parents[3] / "examples" / "local-tiny.yaml"
+EXAMPLES = pathlib.Path(__file__).parents[3] / "examples"
+DEMO_JOB = EXAMPLES / "local-tiny.yaml"
+ARITH_JOB = EXAMPLES / "local-arith.yaml"
 
 
 def test_the_demo_job_learns_with_weights_updated_in_flight(run_dir: pathlib.Path) -> None:
@@ -48,3 +51,16 @@ def test_the_demo_job_learns_with_weights_updated_in_flight(run_dir: pathlib.Pat
     # already stopped (it stops once every prompt is leased, before the last step is trained).
     assert "missing from epoch" not in (run_dir / "logs" / "trainer-0.log").read_text()
     assert r.leftover == []  # every worker stopped before `plrl run` exited
+
+
+def test_the_arith_example_learns(run_dir: pathlib.Path) -> None:
+    """`examples/local-arith.yaml`, the recipe for the second built-in task: measured at 0.465 ->
+    0.593 (first to last 10% of 600 steps) with a per-step standard deviation of 0.05."""
+    r = plrl("run", str(ARITH_JOB), "--run-dir", str(run_dir), "--quiet", timeout=1800)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((run_dir / report.SUMMARY_FILE).read_text())
+    first, last = summary["reward_first_10pct"], summary["reward_last_10pct"]
+    # The mean of 60 steps moves by ~0.007 from noise alone: 0.06 is half the measured gain.
+    assert last - first >= 0.06, f"reward {first:.3f} -> {last:.3f}"
+    prompts = summary["prompts"]
+    assert prompts["issued"] == prompts["trained"] + prompts["dropped_by_lag"]
