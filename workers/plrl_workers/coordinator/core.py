@@ -363,8 +363,6 @@ class Coordinator:
         if self._stopping:
             return None
         self._release_reserved_locked()
-        if self._queue and not self._reserved:
-            return self._queue.popleft()  # the usual case: no restart's reservations to skip past
         for k, queued in enumerate(self._queue):
             if self._leasable_by_locked(queued.prompt_id, generator_id):
                 del self._queue[k]
