@@ -58,6 +58,7 @@ class Args:
     is_clamp: float
     norm_adv: bool
     no_is: bool
+    is_level: str
     threads: int
     eval_every: int
     eval_n: int
@@ -83,6 +84,13 @@ def parse_args() -> Args:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lag", type=int, default=0, help="behaviour policy = weights of this many steps ago")
     p.add_argument("--is-clamp", type=float, default=5.0)
+    p.add_argument(
+        "--is-level",
+        choices=["token", "prefix", "sequence"],
+        default="token",
+        help="with --lag: each token's importance ratio is its own (the runtime's), the product over its "
+        "prefix, or the product over the whole sequence",
+    )
     p.add_argument("--no-is", action="store_true", help="with --lag: no importance weights (plain REINFORCE)")
     p.add_argument(
         "--norm-adv",
@@ -97,6 +105,15 @@ def parse_args() -> Args:
     p.add_argument("--json-out", default=None)
     ns = p.parse_args()
     return Args(**{k.replace("-", "_"): v for k, v in vars(ns).items()})
+
+
+def _level_log_ratios(log_ratios: torch.Tensor, level: str) -> torch.Tensor:
+    """Per-token log importance ratios (n, Lmax), zero on padding, at the chosen level."""
+    if level == "prefix":
+        return log_ratios.cumsum(dim=1)
+    if level == "sequence":
+        return log_ratios.sum(dim=1, keepdim=True).expand_as(log_ratios)
+    return log_ratios
 
 
 def batch_logprobs(
@@ -214,7 +231,9 @@ def run_seed(a: Args, seed: int) -> dict[str, object]:
             raw = torch.exp(logp.detach() - beh_logp)[mask.bool()]
             clamped += float((raw > a.is_clamp).float().mean())
             ess += float(raw.sum() ** 2 / (raw.pow(2).sum() * raw.numel()))
-            w = torch.exp(logp.detach() - beh_logp).clamp(max=a.is_clamp)
+            w = torch.exp(_level_log_ratios((logp.detach() - beh_logp) * mask, a.is_level)).clamp(
+                max=a.is_clamp
+            )
         else:
             w = torch.ones_like(logp)
         # Token-level normalisation: every generated token of the batch weighs the same.

@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 import grpc
 
 from plrl_api import identity, names, records, worker_config
+from plrl_api import spec as spec_mod
 from plrl_workers import heartbeat, lifecycle, metrics, protocol
 from plrl_workers.engines import base as engines
 from plrl_workers.engines import factory
@@ -56,9 +57,8 @@ from plrl_workers.weight_sync import groups
 log = logging.getLogger("plrl.generator")
 _T = TypeVar("_T")
 
-# Groups waiting for the coordinator before this generator stops leasing more prompts. Each waiting
-# group is trained later, so the limit is also capped at half an optimizer batch (see `build`):
-# with B = 2 groups, 8 waiting groups were 4 batches of extra lag, enough to exceed maxLag.
+# Groups waiting for the coordinator before this generator stops leasing more prompts (at most; see
+# `max_unacked_groups`).
 MAX_UNACKED_GROUPS = 8
 PULL_WAIT_S, PULL_RETRY_S = 120.0, 0.5  # how long a pull waits for weights that are not published yet
 SESSION_CHECK_S = 2.0
@@ -746,11 +746,22 @@ def build(
         params=params,
         samples_per_prompt=spec.generation.samples_per_prompt,
         worker_metrics=worker_metrics,
-        max_unacked_groups=max(
-            1, min(MAX_UNACKED_GROUPS, spec.training.batch_size // spec.generation.samples_per_prompt // 2)
-        ),
+        max_unacked_groups=max_unacked_groups(spec, capacity),
     )
     return gen, capacity
+
+
+def max_unacked_groups(spec: spec_mod.JobSpec, capacity: int) -> int:
+    """How many finished groups may wait for the coordinator's answer before leasing stops.
+
+    Groups wait only while the rollout buffer is full (otherwise the answer takes milliseconds), and
+    every waiting group is trained later: its samples' lag grows. So the bound is what one decode
+    batch finishes at once (`capacity` sequences), at most half an optimizer batch (with B = 2
+    groups, 8 waiting groups were 4 batches of extra lag, past maxLag) and `MAX_UNACKED_GROUPS`. At
+    half an optimizer batch, a trainer-bound demo job trained its samples ~0.4 steps later.
+    """
+    g = spec.generation.samples_per_prompt
+    return max(1, min(MAX_UNACKED_GROUPS, spec.training.batch_size // g // 2, capacity // g))
 
 
 def _sample_seed(base_seed: int, prompt_id: int, j: int) -> int:

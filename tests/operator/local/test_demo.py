@@ -40,7 +40,12 @@ def test_the_demo_job_learns_with_weights_updated_in_flight(run_dir: pathlib.Pat
     first, last = summary["reward_first_10pct"], summary["reward_last_10pct"]
     # Clearly above: the per-step reward noise averaged over 10% of the steps is ~0.01.
     assert last - first >= 0.05, f"reward {first:.3f} -> {last:.3f}"
-    assert summary["lag_mean"] > 0 and summary["mixed_version_samples"] > 0
+    assert summary["mixed_version_samples"] > 0
+    # The generator runs at most one batch ahead of the trainer (plus what it has in flight), so a
+    # sample is trained about one step after it was sampled, however fast the generator is: lag
+    # costs learning per sample. With two batches of buffer and half a batch of finished groups
+    # waiting behind it, this job trained at a mean lag of 2.0-2.5.
+    assert 0 < summary["lag_mean"] <= 1.3, summary["lag_mean"]
     prompts = summary["prompts"]
     assert prompts["issued"] == prompts["trained"] + prompts["dropped_by_lag"]
     assert (run_dir / report.REPORT_FILE).stat().st_size > 0
