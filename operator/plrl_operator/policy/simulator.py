@@ -46,8 +46,9 @@ class SimConfig:
     """Pause per weight broadcast (generators and trainer), in flashes."""
     rescale_flashes: float = 0.0
     """Pause of everything when the autoscaler changes I, in flashes."""
-    buffer_batches: float = 2.0
-    """Rollout buffer capacity in batches of B sequences (beyond it generators stall)."""
+    buffer_batches: float = 1.0
+    """Rollout buffer capacity in batches of B sequences (beyond it generators stall); the runtime's
+    is one batch (`trainer.py`)."""
     warmup_fraction: float = 1 / 3
     """Throughput is measured over the steps after this fraction of the run."""
     rate_noise: float = 0.0
