@@ -137,9 +137,9 @@ class Coordination:
             coordinator.Config(
                 samples_per_prompt=g,
                 # One optimizer batch: generators fill the next batch while the trainers train on
-                # this one, and no further (a full buffer stops leasing; every buffered group ages
-                # while it waits, and lag costs learning per sample). Two batches raised the demo's
-                # mean lag from ~1.1 to ~2.
+                # this one, and no further (behind a full buffer a generator stops leasing once
+                # `generator.max_unacked_groups` groups wait; every waiting group ages, and lag
+                # costs learning per sample). Two batches raised the demo's mean lag from ~1.1 to ~2.
                 buffer_groups=max(1, spec.training.batch_size // g),
                 lease_timeout_s=max(60.0, spec.heartbeat.timeout_seconds * 4),
                 vocab_size=_trainable_vocab(len(tokenizer), cfg.paths.model_dir),
