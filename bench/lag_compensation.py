@@ -10,7 +10,9 @@ hence the same number of samples:
   kl-0.1         + training.loss.behaviourKL 0.1
   dc-0.5         + training.delayCompensation 0.5 (DC-ASGD; the torch backend)
 
-A seed sets training.seed and task.seed (data order, sampling); the warm-started model is the same
+Each task runs its own example job (its documented recipe: `reverse` examples/local-tiny.yaml, the
+demo, `arith` examples/local-arith.yaml) at its own totalSteps unless `--job` / `--steps` say
+otherwise. A seed sets training.seed and task.seed (data order, sampling); the warm-started model is the same
 for every seed, so the spread is that of the RL run itself. Per variant it prints the final reward
 (mean of the last 10% of steps), the gain over the first 10%, mean ESS and mean lag, each as the
 median (min-max) over seeds, then each option's final reward minus the default's, paired by seed.
@@ -19,8 +21,8 @@ outside the default's seed-to-seed range (min-max); otherwise "no measurable eff
 each variant's reward curve against the step (moving average; line = median over seeds, band =
 min-max).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/lag_compensation.py --steps 150 --seeds 0,1,2
-    .venv/bin/python bench/lag_compensation.py --tasks reverse,arith --variants default,kl-0.1
+    OMP_NUM_THREADS=1 .venv/bin/python bench/lag_compensation.py --tasks reverse,arith --seeds 0,1,2
+    .venv/bin/python bench/lag_compensation.py --tasks reverse --steps 150 --variants default,kl-0.1
 """
 
 from __future__ import annotations
@@ -52,10 +54,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "kl-0.1": {"training__loss__behaviourKL": 0.1},
     "dc-0.5": {"training__delayCompensation": 0.5},
 }
-# The task's own reward, where the job's (the demo's digit_match for reverse) does not apply.
-TASK_EDITS: dict[str, dict[str, Any]] = {
-    "reverse": {},
-    "arith": {"task__name": "builtin:arith", "task__reward": "builtin:digit_match"},
+# Each task's example job: the recipe it is documented to learn with.
+TASK_JOBS: dict[str, pathlib.Path] = {
+    "reverse": ROOT / "examples" / "local-tiny.yaml",
+    "arith": ROOT / "examples" / "local-arith.yaml",
 }
 
 
@@ -96,35 +98,40 @@ def _plot(curves: dict[str, dict[str, list[Curve]]], out: pathlib.Path, window: 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--job", type=pathlib.Path, default=ROOT / "examples" / "local-tiny.yaml")
-    ap.add_argument("--tasks", default="reverse", help=f"comma-separated, of {', '.join(TASK_EDITS)}")
+    ap.add_argument(
+        "--job",
+        type=pathlib.Path,
+        help="one job for every task (its task.name replaced); default: each task's example",
+    )
+    ap.add_argument("--tasks", default="reverse", help=f"comma-separated, of {', '.join(TASK_JOBS)}")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated (default: all)")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--steps", type=int, default=150, help="training.totalSteps of every run")
+    ap.add_argument("--steps", type=int, help="training.totalSteps of every run (default: the job's own)")
     ap.add_argument("--window", type=int, default=10, help="moving average for the curves, in steps")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "runs" / "lag-compensation")
     args = ap.parse_args()
     print("command:", shlex.join([sys.executable, *sys.argv]), flush=True)
     tasks, variants = args.tasks.split(","), args.variants.split(",")
-    unknown = [t for t in tasks if t not in TASK_EDITS] + [v for v in variants if v not in VARIANTS]
+    unknown = [t for t in tasks if t not in TASK_JOBS] + [v for v in variants if v not in VARIANTS]
     if unknown:
         ap.error(f"unknown task or variant: {', '.join(unknown)}")
     seeds = [int(s) for s in args.seeds.split(",")]
-    base = yaml.safe_load(args.job.read_text())
     Runs = list[list[records.StepRecord]]
     results: dict[str, dict[str, Runs]] = {t: {v: [] for v in variants} for t in tasks}
     with tempfile.TemporaryDirectory(prefix="plrl-lagcomp-") as tmp:
         for task in tasks:
+            base = yaml.safe_load((args.job or TASK_JOBS[task]).read_text())
+            steps = args.steps or base["spec"]["training"]["totalSteps"]
             for i, seed in enumerate(seeds):
                 order = variants[i % len(variants) :] + variants[: i % len(variants)]
                 for variant in order:
                     doc = runs.edited(
                         base,
                         f"lagcomp-{task}-{variant.replace('.', '')}-s{seed}",
-                        training__totalSteps=args.steps,
+                        training__totalSteps=steps,
                         training__seed=seed,
                         task__seed=seed,
-                        **TASK_EDITS[task],
+                        task__name=f"builtin:{task}",
                         **VARIANTS[variant],
                     )
                     rows = runs.run_job(doc, pathlib.Path(tmp))
@@ -139,7 +146,8 @@ def main() -> int:
     summary: dict[str, Any] = {}
     curves: dict[str, dict[str, list[Curve]]] = {}
     for task, by_variant in results.items():
-        print(f"\nbuiltin:{task}, {args.steps} steps, seeds {args.seeds}: median (min-max) over seeds")
+        steps = len(by_variant[variants[0]][0])
+        print(f"\nbuiltin:{task}, {steps} steps, seeds {args.seeds}: median (min-max) over seeds")
         print(f"{'variant':<14}{'final reward':<24}{'gain':<24}{'ESS':<22}{'lag':<20}vs default, paired")
         finals = {v: [runs.last_tenth(rows) for rows in rs] for v, rs in by_variant.items()}
         summary[task] = {}

@@ -80,7 +80,7 @@ def parse_args() -> Args:
     p.add_argument("--prompts-per-step", type=int, default=16, help="B / G")
     p.add_argument("--group", type=int, default=8, help="G: samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=10, help="L")
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=1.5e-4)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lag", type=int, default=0, help="behaviour policy = weights of this many steps ago")
     p.add_argument("--is-clamp", type=float, default=5.0)

@@ -241,7 +241,7 @@ MORE: list[Case] = [
     Case(
         "learning-rate-string",
         "spec.training.learningRate",
-        raw=replace("    learningRate: 3.0e-4\n", '    learningRate: "3.0e-4"\n'),
+        raw=replace("    learningRate: 1.5e-4\n", '    learningRate: "1.5e-4"\n'),
     ),
     Case("suspend-string", "spec.suspend", put("spec.suspend", "yes")),
     Case(

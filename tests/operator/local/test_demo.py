@@ -1,10 +1,10 @@
 """`make demo`'s job learns: the README's claim, checked on every CI run; so does each built-in
-task's example job.
+task's example job, and the demo's pipeline learns as much per sample as conventional RL.
 
 Runs `examples/local-tiny.yaml` exactly as `make demo` does (a few minutes on 2 cores). The same run
 is the suite's check of a whole pipeline run's outputs (checkpoints, report, accounting, every
-worker stopped) and of what the user sees on the terminal (progress, no library noise): one run of
-a few minutes serves all three.
+worker stopped), of what the user sees on the terminal (progress, no library noise) and seed 0 of
+the per-sample comparison: one run of a few minutes serves all four.
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import statistics
 
 import pytest
 
 from plrl_operator.local import report
 from plrl_workers import checkpoint
+from tests.infra import procs
 from tests.operator.local.conftest import plrl
 
 pytestmark = pytest.mark.slow
@@ -26,8 +28,22 @@ DEMO_JOB = EXAMPLES / "local-tiny.yaml"
 ARITH_JOB = EXAMPLES / "local-arith.yaml"
 
 
-def test_the_demo_job_learns_with_weights_updated_in_flight(run_dir: pathlib.Path) -> None:
-    r = plrl("run", str(DEMO_JOB), "--run-dir", str(run_dir), timeout=1800)
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[procs.Completed, pathlib.Path]:
+    """`make demo`'s run, once for the module: (the `plrl run` process, its run directory)."""
+    run_dir = tmp_path_factory.mktemp("demo") / "run"
+    return plrl("run", str(DEMO_JOB), "--run-dir", str(run_dir), timeout=1800), run_dir
+
+
+def _final_reward(run_dir: pathlib.Path) -> float:
+    """The mean reward of the last 10% of the steps, as `plrl run`'s summary quotes it."""
+    return float(json.loads((run_dir / report.SUMMARY_FILE).read_text())["reward_last_10pct"])
+
+
+def test_the_demo_job_learns_with_weights_updated_in_flight(
+    demo_run: tuple[procs.Completed, pathlib.Path],
+) -> None:
+    r, run_dir = demo_run
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     # Progress is the only thing on screen: the workers' libraries (DeepSpeed's accelerator warning,
@@ -69,3 +85,40 @@ def test_the_arith_example_learns(run_dir: pathlib.Path) -> None:
     assert last - first >= 0.06, f"reward {first:.3f} -> {last:.3f}"
     prompts = summary["prompts"]
     assert prompts["issued"] == prompts["trained"] + prompts["dropped_by_lag"]
+
+
+# Five more runs of the demo job: ~10 min on an idle 2-core machine, past the suite's 900 s default.
+@pytest.mark.timeout(2400)
+def test_the_demo_pipeline_learns_as_much_per_sample_as_conventional_rl(
+    demo_run: tuple[procs.Completed, pathlib.Path], tmp_path: pathlib.Path
+) -> None:
+    """Issue 12's bar: at equal samples (400 steps of 128) the pipeline's final reward lies within
+    the seed-to-seed spread of conventional RL's (3 seeds each; a seed sets the data order and the
+    sampling, the warm start is shared). Measured at the demo's lr 1.5e-4: pipeline 0.853
+    (0.845-0.859), conventional 0.860 (0.848-0.874). It failed at lr 3e-4, narrowly (pipeline 0.832,
+    conventional 0.857 (0.846-0.872)), and clearly when the generator ran further ahead (mean lag
+    1.5: 0.755), as BENCHMARKS.md records."""
+    r, demo_dir = demo_run
+    assert r.returncode == 0, r.stdout + r.stderr
+    pipeline, conventional = [_final_reward(demo_dir)], list[float]()
+    # Alternated, so that a slower stretch of the machine hits both modes alike.
+    for seed, mode in [
+        (0, "conventional"),
+        (1, "pipeline"),
+        (1, "conventional"),
+        (2, "pipeline"),
+        (2, "conventional"),
+    ]:
+        run_dir = tmp_path / f"{mode}-{seed}"
+        sets = [f"spec.training.seed={seed}", f"spec.task.seed={seed}", f"spec.pipeline.mode={mode}"]
+        args = [a for s in sets for a in ("--set", s)]
+        done = plrl("run", str(DEMO_JOB), "--run-dir", str(run_dir), "--quiet", *args, timeout=1800)
+        assert done.returncode == 0, done.stdout + done.stderr
+        (pipeline if mode == "pipeline" else conventional).append(_final_reward(run_dir))
+    # Each final reward is a mean of 40 steps whose rewards scatter by ~0.04 (standard deviation), so
+    # it carries ~0.006 of noise itself: conventional's range is widened by 0.01 for it. Only the
+    # lower edge is checked; a pipeline that learns more per sample would be welcome.
+    median = statistics.median(pipeline)
+    assert median >= min(conventional) - 0.01, (
+        f"pipeline {pipeline} (median {median:.3f}), conventional {conventional}"
+    )

@@ -2,7 +2,7 @@
 
 Harder for the tiny model than `builtin:reverse` (the demo's task): the tens digit needs the carry
 from the units, an algorithm rather than a copy pattern. SFT learns it (about 60% of held-out sums
-exact after 1000 steps of 32). RL needs a gentler learning rate than `reverse`: 3e-4 and 1e-3
+exact after 1000 steps of 32). RL needs a gentler learning rate than `reverse` (1.5e-4): 3e-4 and 1e-3
 unlearn the warm start. `examples/local-arith.yaml` is the recipe that learns: 500 warm-start
 steps, lr 1e-4, 600 steps (BENCHMARKS.md). It is also the spec's default task name.
 
