@@ -58,6 +58,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 PROMPTS_PER_STEP = 64 // 8
 INTERVAL_S, TIMEOUT_S = 1.0, 5.0
 STATUS_PERIOD_S = 1.0  # the test operator's --status-interval
+# Steps of a job that meets its incident once it has trained 4: enough that it cannot finish first.
+# Seen in CI: 30 steps trained in 6 s, and the job was done before its generator was hung.
+INCIDENT_STEPS = 150
 
 
 def _job(tiny: Callable[..., e2e.Tiny], steps: int, **spec: object) -> e2e.Tiny:
@@ -68,12 +71,23 @@ def _job(tiny: Callable[..., e2e.Tiny], steps: int, **spec: object) -> e2e.Tiny:
     )
 
 
-def _training(tiny: Callable[..., e2e.Tiny], steps: int) -> e2e.Tiny:
+def _training(tiny: Callable[..., e2e.Tiny], steps: int = INCIDENT_STEPS) -> e2e.Tiny:
     """`_job` applied, once it has trained a few steps."""
     job = _job(tiny, steps)
     job.apply()
     job.watch("Succeeded", timeout_s=240, stop_at_step=4)
     return job
+
+
+def _mid_run(job: e2e.Tiny) -> None:
+    """Fails, saying so, if the job is past half its steps when its incident starts: a test that
+    hung or lost a worker of a job about to finish would time out waiting for a replacement that the
+    finished job rightly never makes."""
+    steps = int(job.doc["spec"]["training"]["totalSteps"])
+    rows = job.records()
+    done = rows[-1].step if rows else 0
+    if done > steps // 2:
+        pytest.fail(f"the job had trained {done} of {steps} steps when its incident began: make it longer")
 
 
 def _succeeds(job: e2e.Tiny, steps: int, restarts: int, timeout_s: float = 400) -> None:
@@ -94,6 +108,7 @@ def _hung_generator(job: e2e.Tiny, namespace: str) -> Iterator[tuple[str, Callab
         return all(p["metadata"]["uid"] != uid for p in job.pods() if p["metadata"]["name"] == pod)
 
     hung.suspend()
+    _mid_run(job)
     try:
         yield pod, replaced
     finally:
@@ -104,7 +119,7 @@ def _hung_generator(job: e2e.Tiny, namespace: str) -> Iterator[tuple[str, Callab
 def test_a_hung_generator_is_replaced_and_the_job_succeeds(
     operator: support.Operator, kubectl: tools.Tool, namespace: str, tiny: Callable[..., e2e.Tiny]
 ) -> None:
-    steps = 30
+    steps = INCIDENT_STEPS
     job = _training(tiny, steps)
     with _hung_generator(job, namespace) as (pod, replaced):
         stopped_at = time.monotonic()
@@ -123,7 +138,7 @@ def test_a_hung_generator_is_replaced_and_the_job_succeeds(
 def test_an_operator_restarted_mid_incident_neither_forgets_nor_repeats_the_replacement(
     operator: support.Operator, kubectl: tools.Tool, namespace: str, tiny: Callable[..., e2e.Tiny]
 ) -> None:
-    steps = 30
+    steps = INCIDENT_STEPS
     job = _training(tiny, steps)
     restarted_from = operator.starts + 1
     operator.stop()  # the operator is down when the generator hangs ...
@@ -221,7 +236,7 @@ def test_pods_on_a_lost_node_are_force_deleted_and_rescheduled_and_the_job_succe
     tiny: Callable[..., e2e.Tiny],
     core_api: client.ApiClient,
 ) -> None:
-    steps = 30
+    steps = INCIDENT_STEPS
     job = _training(tiny, steps)
     pods = job.pods()
     gen = next(p for p in pods if p["metadata"]["labels"][names.LABEL_ROLE] == names.GENERATOR)
@@ -230,6 +245,7 @@ def test_pods_on_a_lost_node_are_force_deleted_and_rescheduled_and_the_job_succe
     workers = [pod_processes.worker_process(namespace, name) for name in lost]
     nodes.lose(client.CoreV1Api(core_api), node)
     lost_at = time.monotonic()
+    _mid_run(job)
     # The machine is gone: its processes die with it (the node agent powers its pods off).
     eventually(
         lambda: not any(pod_processes.alive(w) for w in workers), 30, f"the processes on {node} to die"
