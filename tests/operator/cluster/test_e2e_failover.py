@@ -71,7 +71,7 @@ def _job(tiny: Callable[..., e2e.Tiny], steps: int, **spec: object) -> e2e.Tiny:
     )
 
 
-def _training(tiny: Callable[..., e2e.Tiny], steps: int = INCIDENT_STEPS) -> e2e.Tiny:
+def _training(tiny: Callable[..., e2e.Tiny], steps: int) -> e2e.Tiny:
     """`_job` applied, once it has trained a few steps."""
     job = _job(tiny, steps)
     job.apply()
@@ -108,8 +108,8 @@ def _hung_generator(job: e2e.Tiny, namespace: str) -> Iterator[tuple[str, Callab
         return all(p["metadata"]["uid"] != uid for p in job.pods() if p["metadata"]["name"] == pod)
 
     hung.suspend()
-    _mid_run(job)
     try:
+        _mid_run(job)  # inside the try: a failed precondition still resumes the process
         yield pod, replaced
     finally:
         with contextlib.suppress(psutil.Error):
